@@ -1,0 +1,76 @@
+"""`infer bench MODEL`: prefill and decode speed, like llama.cpp's llama-bench."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any, Mapping, Optional
+
+import typer
+
+from infer.cli import options as o
+from infer.runtime.errors import UsageError
+
+
+def bench(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="A .gguf file.", show_default=False)],
+    n_prompt: Annotated[list[int], typer.Option("-p", "--n-prompt",
+                                                help="Prompt sizes to prefill; repeatable.")] = [512],
+    n_gen: Annotated[list[int], typer.Option("-n", "--n-gen",
+                                             help="Token counts to generate; repeatable.")] = [128],
+    repetitions: Annotated[int, typer.Option("-r", "--repetitions")] = 5,
+    json_output: Annotated[bool, typer.Option("--json", help="Results as JSON.")] = False,
+    threads: o.Threads = None,
+    ctx_size: o.CtxSize = None,
+    batch_size: o.BatchSize = 2048,
+    ubatch_size: o.UbatchSize = 512,
+    gpu_layers: o.GpuLayers = None,
+    flash_attn: o.FlashAttn = "auto",
+    cache_type_k: o.CacheTypeK = "f16",
+    cache_type_v: o.CacheTypeV = "f16",
+    verbose: o.Verbose = False,
+) -> None:
+    """Measure prefill (pp) and decode (tg) tokens per second, mean ± stddev."""
+    execute(ctx.params)
+
+
+def execute(flags: Mapping[str, Any]) -> None:
+    from infer.quant.registry import resolve_model
+    from infer.runtime.bench import bench_decode, bench_prefill
+    from infer.runtime.session import Session
+
+    if flags["repetitions"] < 1:
+        raise UsageError(f"repetitions must be at least 1, got {flags['repetitions']}")
+    sizes = [n for n in [*flags["n_prompt"], *flags["n_gen"]]]
+    if any(n < 1 for n in sizes):
+        raise UsageError("prompt sizes and generated token counts must be at least 1")
+    needed = max(sizes) + 1
+    params = o.context_params({**flags, "ctx_size": flags["ctx_size"] or max(needed, 512)})
+    resolved = resolve_model(flags["model"])
+    results = []
+    with Session.open(resolved.path, params) as session:
+        if needed > session.n_ctx:
+            raise UsageError(f"a test of {needed - 1} tokens does not fit the context of "
+                             f"{session.n_ctx} tokens (raise -c/--ctx-size)")
+        info = {"model": resolved.reference, "description": session.model.description(),
+                "params": session.model.n_params, "threads": session.context.n_threads}
+        for n in flags["n_prompt"]:
+            results.append(bench_prefill(session, n, flags["repetitions"]))
+        for n in flags["n_gen"]:
+            results.append(bench_decode(session, n, flags["repetitions"]))
+    if flags["json_output"]:
+        rows = [{"test": r.test, "tokens": r.n_tokens, "mean_tps": r.mean, "stdev_tps": r.stdev,
+                 "samples_tps": list(r.tokens_per_second)} for r in results]
+        sys.stdout.write(json.dumps({**info, "results": rows}) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{info['description']} · {info['params'] / 1e6:.0f}M params · "
+                        f"{info['threads']} threads")
+    for col in ("test", "tokens/s"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(r.test, f"{r.mean:.2f} ± {r.stdev:.2f}")
+    Console().print(table)

@@ -1,0 +1,74 @@
+"""The `infer` command: a Typer app whose commands are thin adapters over the library."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from infer.cli import __version__
+from infer.cli.bench import bench
+from infer.cli.errors import guarded
+from infer.cli.run import run
+
+app = typer.Typer(
+    name="infer",
+    help="Run local language models on llama.cpp.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from infer.runtime.llama import llama_cpp_version, supports_gpu_offload
+
+    try:
+        bindings = version("llama_cpp_python")
+    except PackageNotFoundError:
+        bindings = "unknown"
+    backend = "GPU offload" if supports_gpu_offload() else "CPU only"
+    return (f"infer {__version__}\n"
+            f"llama.cpp {llama_cpp_version()} (llama-cpp-python {bindings}, {backend})")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[Optional[bool], typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Show infer's version and the llama.cpp build it runs on.")] = None,
+) -> None:
+    """Run local language models on llama.cpp."""
+
+
+app.command("run", no_args_is_help=True)(run)
+app.command("bench", no_args_is_help=True)(bench)
+
+
+def main() -> None:
+    """Console entry point: run the app, map every failure to its exit code."""
+    guarded(lambda: _invoke())
+
+
+def _invoke() -> int:
+    import click
+
+    try:
+        result = app(standalone_mode=False)
+    except click.exceptions.UsageError as e:
+        from infer.runtime.errors import UsageError
+
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+        raise UsageError(f"{e.format_message()}{hint}") from None
+    except click.exceptions.Abort:
+        raise KeyboardInterrupt from None
+    return result if isinstance(result, int) else 0

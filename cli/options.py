@@ -1,0 +1,187 @@
+"""Option declarations shared by every command that runs a model, defined once.
+
+Names follow llama.cpp's flags where they mean the same thing. A command lists
+the aliases it takes in its signature; ``sampling_overrides`` and
+``context_params`` then read them back from the click context by name, so no
+parameter list is ever written out twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Mapping, Optional
+
+import typer
+
+from infer.runtime.errors import UsageError
+from infer.runtime.params import ContextParams
+
+SAMPLING = "Sampling"
+CONTEXT = "Context and hardware"
+OUTPUT = "Output"
+
+# --- sampling ---------------------------------------------------------------
+MaxTokens = Annotated[Optional[int], typer.Option(
+    "-n", "--max-tokens", help="Tokens to generate at most (-1: until the end or a full context).",
+    rich_help_panel=SAMPLING)]
+Temperature = Annotated[Optional[float], typer.Option(
+    "--temp", "--temperature", help="Temperature; 0 is greedy and deterministic.",
+    rich_help_panel=SAMPLING)]
+TopK = Annotated[Optional[int], typer.Option("--top-k", help="Top-k sampling (0: off).",
+                                             rich_help_panel=SAMPLING)]
+TopP = Annotated[Optional[float], typer.Option("--top-p", help="Top-p (nucleus) sampling, in (0, 1].",
+                                               rich_help_panel=SAMPLING)]
+MinP = Annotated[Optional[float], typer.Option("--min-p", help="Min-p sampling, in [0, 1].",
+                                               rich_help_panel=SAMPLING)]
+TypicalP = Annotated[Optional[float], typer.Option("--typical-p", "--typical",
+                                                   help="Locally typical sampling, in (0, 1].",
+                                                   rich_help_panel=SAMPLING)]
+RepeatPenalty = Annotated[Optional[float], typer.Option(
+    "--repeat-penalty", help="Penalize repeated tokens (1.0: off).", rich_help_panel=SAMPLING)]
+RepeatLastN = Annotated[Optional[int], typer.Option(
+    "--repeat-last-n", help="Window of the repeat penalty in tokens (-1: whole context).",
+    rich_help_panel=SAMPLING)]
+PresencePenalty = Annotated[Optional[float], typer.Option("--presence-penalty",
+                                                          rich_help_panel=SAMPLING)]
+FrequencyPenalty = Annotated[Optional[float], typer.Option("--frequency-penalty",
+                                                           rich_help_panel=SAMPLING)]
+Seed = Annotated[Optional[int], typer.Option(
+    "--seed", help="Random seed (-1: random). The same seed gives the same text.",
+    rich_help_panel=SAMPLING)]
+Mirostat = Annotated[Optional[int], typer.Option("--mirostat", help="Mirostat: 0 off, 1 or 2.",
+                                                 rich_help_panel=SAMPLING)]
+MirostatLr = Annotated[Optional[float], typer.Option("--mirostat-lr", help="Mirostat eta.",
+                                                     rich_help_panel=SAMPLING)]
+MirostatEnt = Annotated[Optional[float], typer.Option("--mirostat-ent", help="Mirostat tau.",
+                                                      rich_help_panel=SAMPLING)]
+DryMultiplier = Annotated[Optional[float], typer.Option("--dry-multiplier",
+                                                        help="DRY repetition penalty (0: off).",
+                                                        rich_help_panel=SAMPLING)]
+DryBase = Annotated[Optional[float], typer.Option("--dry-base", rich_help_panel=SAMPLING)]
+DryAllowedLength = Annotated[Optional[int], typer.Option("--dry-allowed-length",
+                                                         rich_help_panel=SAMPLING)]
+DryPenaltyLastN = Annotated[Optional[int], typer.Option("--dry-penalty-last-n",
+                                                        rich_help_panel=SAMPLING)]
+DrySequenceBreaker = Annotated[Optional[list[str]], typer.Option(
+    "--dry-sequence-breaker", help="Repeatable; 'none' clears the defaults.",
+    rich_help_panel=SAMPLING)]
+XtcProbability = Annotated[Optional[float], typer.Option("--xtc-probability",
+                                                         rich_help_panel=SAMPLING)]
+XtcThreshold = Annotated[Optional[float], typer.Option("--xtc-threshold", rich_help_panel=SAMPLING)]
+LogitBias = Annotated[Optional[list[str]], typer.Option(
+    "--logit-bias", help="TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf; repeatable.",
+    rich_help_panel=SAMPLING)]
+Stop = Annotated[Optional[list[str]], typer.Option(
+    "--stop", help="Stop before this text (not printed); repeatable.", rich_help_panel=SAMPLING)]
+Grammar = Annotated[Optional[str], typer.Option("--grammar", help="A GBNF grammar the output must follow.",
+                                                rich_help_panel=SAMPLING)]
+GrammarFile = Annotated[Optional[Path], typer.Option("--grammar-file", rich_help_panel=SAMPLING)]
+JsonSchema = Annotated[Optional[str], typer.Option(
+    "--json-schema", help="A JSON schema the output must follow: inline JSON or @file.",
+    rich_help_panel=SAMPLING)]
+IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.",
+                                         rich_help_panel=SAMPLING)]
+
+# --- context and hardware ---------------------------------------------------
+CtxSize = Annotated[Optional[int], typer.Option(
+    "-c", "--ctx-size", help="Context size in tokens (default: the model's, at most 4096).",
+    rich_help_panel=CONTEXT)]
+BatchSize = Annotated[int, typer.Option("-b", "--batch-size", help="Prompt tokens per decode call.",
+                                        rich_help_panel=CONTEXT)]
+UbatchSize = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.",
+                                         rich_help_panel=CONTEXT)]
+Threads = Annotated[Optional[int], typer.Option("-t", "--threads",
+                                                help="CPU threads (default: physical cores).",
+                                                rich_help_panel=CONTEXT)]
+GpuLayers = Annotated[Optional[int], typer.Option(
+    "-ngl", "--gpu-layers", "--n-gpu-layers",
+    help="Layers to offload to the GPU (-1: all; default: all when a GPU backend is built in).",
+    rich_help_panel=CONTEXT)]
+FlashAttn = Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.",
+                                        rich_help_panel=CONTEXT)]
+CacheTypeK = Annotated[str, typer.Option("-ctk", "--cache-type-k",
+                                         help="KV cache type for K: f16, q8_0, q4_0...",
+                                         rich_help_panel=CONTEXT)]
+CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v",
+                                         help="KV cache type for V (quantized types need -fa on).",
+                                         rich_help_panel=CONTEXT)]
+NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of mapping it.",
+                                      rich_help_panel=CONTEXT)]
+
+Verbose = Annotated[bool, typer.Option("-v", "--verbose",
+                                       help="Statistics and llama.cpp's log on stderr.",
+                                       rich_help_panel=OUTPUT)]
+
+# Click parameter name -> SamplingParams field, for flags whose value is used as is.
+_SAMPLING_FLAGS = {
+    "temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+    "typical_p": "typical_p", "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "mirostat": "mirostat",
+    "mirostat_lr": "mirostat_eta", "mirostat_ent": "mirostat_tau",
+    "dry_multiplier": "dry_multiplier", "dry_base": "dry_base",
+    "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
+    "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold",
+    "ignore_eos": "ignore_eos",
+}
+
+
+def read_text_file(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{what} {path}: cannot be read ({e})") from None
+
+
+def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The SamplingParams fields the user set explicitly, from a command's parsed flags."""
+    from infer.runtime.sampling import parse_logit_bias
+
+    out: dict[str, Any] = {}
+    for flag, name in _SAMPLING_FLAGS.items():
+        value = flags.get(flag)
+        if value is not None and value is not False:
+            out[name] = value
+    max_tokens = flags.get("max_tokens")
+    if max_tokens is not None:
+        out["max_tokens"] = None if max_tokens == -1 else max_tokens
+    seed = flags.get("seed")
+    if seed is not None and seed != -1:
+        out["seed"] = seed
+    if flags.get("stop"):
+        out["stop"] = tuple(flags["stop"])
+    breakers = flags.get("dry_sequence_breaker")
+    if breakers:
+        out["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(breakers)
+    if flags.get("logit_bias"):
+        out["logit_bias"] = tuple(parse_logit_bias(s) for s in flags["logit_bias"])
+    grammar, grammar_file = flags.get("grammar"), flags.get("grammar_file")
+    if grammar is not None and grammar_file is not None:
+        raise UsageError("give --grammar or --grammar-file, not both")
+    if grammar_file is not None:
+        grammar = read_text_file(grammar_file, "grammar file")
+    if grammar is not None:
+        out["grammar"] = grammar
+    schema = flags.get("json_schema")
+    if schema is not None:
+        if schema.startswith("@"):
+            schema = read_text_file(Path(schema[1:]), "JSON schema file")
+        out["json_schema"] = schema
+    return out
+
+
+def context_params(flags: Mapping[str, Any]) -> ContextParams:
+    """ContextParams from a command's parsed flags (validated; UsageError if out of range)."""
+    return ContextParams(
+        n_ctx=flags.get("ctx_size") or None,  # 0 means the default, as in llama.cpp
+        n_batch=flags.get("batch_size") or 2048,
+        n_ubatch=flags.get("ubatch_size") or 512,
+        n_threads=flags.get("threads"),
+        n_gpu_layers=flags.get("gpu_layers"),
+        flash_attn=(flags.get("flash_attn") or "auto").lower(),
+        cache_type_k=(flags.get("cache_type_k") or "f16").lower(),
+        cache_type_v=(flags.get("cache_type_v") or "f16").lower(),
+        use_mmap=not flags.get("no_mmap", False),
+    )

@@ -1,0 +1,182 @@
+"""`infer run MODEL [PROMPT]`: one prompt, one answer, streamed to stdout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Mapping, Optional
+
+import typer
+
+from infer.cli import options as o
+from infer.cli.stdin import combine_prompt
+from infer.runtime.errors import UsageError
+
+
+def run(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="A .gguf file.", show_default=False)],
+    prompt: Annotated[Optional[str], typer.Argument(
+        help="The prompt. Piped stdin comes first; '-' means stdin alone.", show_default=False)] = None,
+    system: Annotated[Optional[str], typer.Option("-s", "--system", help="System prompt.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
+    chat_template_file: Annotated[Optional[Path], typer.Option(
+        "--chat-template-file", help="A Jinja chat template to use instead of the model's.")] = None,
+    show_prompt: Annotated[bool, typer.Option(
+        "--show-prompt", help="Print the rendered prompt and exit.")] = False,
+    json_output: Annotated[bool, typer.Option(
+        "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)] = False,
+    verbose: o.Verbose = False,
+    max_tokens: o.MaxTokens = None,
+    temp: o.Temperature = None,
+    top_k: o.TopK = None,
+    top_p: o.TopP = None,
+    min_p: o.MinP = None,
+    typical_p: o.TypicalP = None,
+    repeat_penalty: o.RepeatPenalty = None,
+    repeat_last_n: o.RepeatLastN = None,
+    presence_penalty: o.PresencePenalty = None,
+    frequency_penalty: o.FrequencyPenalty = None,
+    seed: o.Seed = None,
+    mirostat: o.Mirostat = None,
+    mirostat_lr: o.MirostatLr = None,
+    mirostat_ent: o.MirostatEnt = None,
+    dry_multiplier: o.DryMultiplier = None,
+    dry_base: o.DryBase = None,
+    dry_allowed_length: o.DryAllowedLength = None,
+    dry_penalty_last_n: o.DryPenaltyLastN = None,
+    dry_sequence_breaker: o.DrySequenceBreaker = None,
+    xtc_probability: o.XtcProbability = None,
+    xtc_threshold: o.XtcThreshold = None,
+    logit_bias: o.LogitBias = None,
+    stop: o.Stop = None,
+    grammar: o.Grammar = None,
+    grammar_file: o.GrammarFile = None,
+    json_schema: o.JsonSchema = None,
+    ignore_eos: o.IgnoreEos = False,
+    ctx_size: o.CtxSize = None,
+    batch_size: o.BatchSize = 2048,
+    ubatch_size: o.UbatchSize = 512,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    flash_attn: o.FlashAttn = "auto",
+    cache_type_k: o.CacheTypeK = "f16",
+    cache_type_v: o.CacheTypeV = "f16",
+    no_mmap: o.NoMmap = False,
+) -> None:
+    """Generate a reply to PROMPT and stream it to stdout."""
+    execute(ctx.params)
+
+
+def execute(flags: Mapping[str, Any]) -> None:
+    from infer.quant.registry import resolve_model
+    from infer.runtime.prompt import chat_prompt, raw_prompt
+    from infer.runtime.sampling import SamplingParams, model_sampling_defaults
+    from infer.runtime.session import Session
+
+    if flags["verbose"]:
+        _log_to_stderr()
+    if flags["raw"] and flags["system"] is not None:
+        raise UsageError("--raw sends the prompt as is; it cannot take a -s/--system prompt")
+    overrides = o.sampling_overrides(flags)
+    SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
+    cparams = o.context_params(flags)
+    template = None
+    if flags["chat_template_file"] is not None:
+        template = o.read_text_file(flags["chat_template_file"], "chat template file")
+    text = combine_prompt(flags["prompt"], sys.stdin.buffer, sys.stdin.isatty())
+
+    resolved = resolve_model(flags["model"])
+    with Session.open(resolved.path, cparams) as session:
+        if flags["raw"]:
+            if not text:
+                raise UsageError("the prompt is empty")
+            prompt = raw_prompt(session.model, text)
+        else:
+            messages = [{"role": "user", "content": text}]
+            if flags["system"] is not None:
+                messages.insert(0, {"role": "system", "content": flags["system"]})
+            prompt = chat_prompt(session.model, messages, template=template)
+        if flags["show_prompt"]:
+            _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
+            return
+        params = SamplingParams.resolve(model_sampling_defaults(session.model.meta), overrides)
+        completion = _generate(session, prompt.tokens, params, stream=not flags["json_output"])
+    if flags["json_output"]:
+        _write(json.dumps(result_json(resolved.reference, completion), ensure_ascii=False) + "\n")
+    if flags["verbose"]:
+        _print_stats(completion)
+
+
+def _generate(session: Any, tokens: list[int], params: Any, *, stream: bool) -> Any:
+    from infer.runtime.session import Completion, Piece
+
+    ends_with_newline = True
+    try:
+        for event in session.generate(tokens, params):
+            if isinstance(event, Piece):
+                if stream:
+                    _write(event.text)
+                    ends_with_newline = event.text.endswith("\n")
+            elif isinstance(event, Completion):
+                completion = event
+    except KeyboardInterrupt:
+        if stream and not ends_with_newline:
+            _write("\n")
+        raise
+    if stream and not ends_with_newline:
+        _write("\n")
+    return completion
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def result_json(model: str, c: Any) -> dict[str, Any]:
+    """The --json result: text, why it ended, token counts and timings."""
+    t = c.timings
+    return {
+        "model": model,
+        "text": c.text,
+        "finish_reason": c.finish_reason,
+        "seed": c.seed,
+        "usage": {
+            "prompt_tokens": c.usage.prompt_tokens,
+            "cached_tokens": c.usage.cached_tokens,
+            "completion_tokens": c.usage.completion_tokens,
+        },
+        "timings": {
+            "load_ms": round(t.load_ms, 3),
+            "prefill_ms": round(t.prefill_ms, 3),
+            "decode_ms": round(t.decode_ms, 3),
+            "ttft_ms": round(t.ttft_ms, 3),
+            "prefill_tokens_per_second": round(t.prefill_tps, 3),
+            "decode_tokens_per_second": round(t.decode_tps(c.usage.completion_tokens), 3),
+        },
+    }
+
+
+def _print_stats(c: Any) -> None:
+    t, u = c.timings, c.usage
+    lines = [
+        f"finish: {c.finish_reason}    seed: {c.seed}",
+        f"prompt: {u.prompt_tokens} tokens ({u.cached_tokens} cached)    "
+        f"completion: {u.completion_tokens} tokens",
+        f"load: {t.load_ms:.0f} ms    time to first token: {t.ttft_ms:.0f} ms",
+        f"prefill: {t.prefill_ms:.0f} ms ({t.prefill_tps:.1f} tokens/s)    "
+        f"decode: {t.decode_ms:.0f} ms ({t.decode_tps(u.completion_tokens):.1f} tokens/s)",
+    ]
+    sys.stderr.write("".join(f"infer: {line}\n" for line in lines))
+    sys.stderr.flush()
+
+
+def _log_to_stderr() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("infer")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

@@ -1,0 +1,1 @@
+"""infer's model-file layer: model references, GGUF checks (Hub, conversion, quantization later)."""

@@ -1,0 +1,416 @@
+"""The only module that calls llama.cpp's C API (through llama-cpp-python's ctypes bindings).
+
+It owns native handles (model, context, batch, sampler chain), frees them
+deterministically, routes llama.cpp's log into Python ``logging`` and turns
+failures into infer's typed errors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+import types
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from infer.runtime.errors import LlamaError, ModelError, ResourceError, UsageError
+from infer.runtime.params import ContextParams
+
+log = logging.getLogger("infer.llama")
+
+
+def load_bindings_module(name: str) -> types.ModuleType:
+    """Import ``llama_cpp.<name>`` without running the package's ``__init__``.
+
+    ``import llama_cpp`` also imports the high-level ``Llama`` class and its chat
+    formats, which costs a noticeable share of a one-shot ``infer run``'s start-up.
+    A bare package object stands in while the submodule loads, then is removed so
+    that a later ``import llama_cpp`` elsewhere still gets the real package.
+    """
+    full = f"llama_cpp.{name}"
+    if full in sys.modules:
+        return sys.modules[full]
+    if "llama_cpp" in sys.modules:
+        return importlib.import_module(full)
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.submodule_search_locations is None:
+        raise LlamaError("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    stub = types.ModuleType("llama_cpp")
+    stub.__path__ = list(spec.submodule_search_locations)
+    stub.__spec__ = spec
+    sys.modules["llama_cpp"] = stub
+    try:
+        return importlib.import_module(full)
+    finally:
+        if sys.modules.get("llama_cpp") is stub:
+            del sys.modules["llama_cpp"]
+
+
+C: Any = load_bindings_module("llama_cpp")
+
+# ggml log levels (ggml.h) -> Python logging levels.
+_LOG_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_last_level = logging.INFO
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    global _last_level
+    # GGML_LOG_LEVEL_CONT (5) continues the previous line at its level.
+    py_level = _last_level if level == 5 else _LOG_LEVELS.get(level, logging.INFO)
+    _last_level = py_level
+    if log.isEnabledFor(py_level):
+        log.log(py_level, "%s", text.decode("utf-8", "replace").rstrip("\n"))
+
+
+@lru_cache(maxsize=None)
+def init_backend() -> None:
+    """Route llama.cpp's log to ``logging`` and initialise its backends, once per process."""
+    C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    C.llama_backend_init()
+
+
+def llama_cpp_version() -> str:
+    """The llama.cpp build the bindings were compiled from."""
+    raw = C.llama_version()
+    return raw.decode() if raw else "unknown"
+
+
+def system_info() -> str:
+    return C.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    return bool(C.llama_supports_gpu_offload())
+
+
+def physical_cores() -> int:
+    """Physical cores this process may use: llama.cpp's default thread count."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = os.cpu_count() or 1
+    cores: set[tuple[str, str]] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            phys = core = ""
+            for line in f:
+                if line.startswith("physical id"):
+                    phys = line.split(":", 1)[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":", 1)[1].strip()
+                    cores.add((phys, core))
+    except OSError:
+        pass
+    return max(1, min(allowed, len(cores) or allowed))
+
+
+_KV_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7,
+                   "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+_FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+ATTR_CONTROL = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED
+
+
+class Model:
+    """A loaded model (weights memory-mapped) and its vocabulary."""
+
+    def __init__(self, path: str | Path, *, n_gpu_layers: int | None = None,
+                 use_mmap: bool = True) -> None:
+        init_backend()
+        self.path = Path(path)
+        mparams = C.llama_model_default_params()
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if supports_gpu_offload() else 0
+        mparams.n_gpu_layers = n_gpu_layers
+        mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if use_mmap else C.LLAMA_LOAD_MODE_NONE
+        self._ptr = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._ptr:
+            raise ModelError(
+                f"{self.path}: llama.cpp could not load the model "
+                "(unsupported architecture or corrupt tensors; run with -v for details)"
+            )
+        self.vocab = C.llama_model_get_vocab(self._ptr)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = C.llama_model_n_ctx_train(self._ptr)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.bos = C.llama_vocab_bos(self.vocab)
+        self.eos = C.llama_vocab_eos(self.vocab)
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    @property
+    def ptr(self) -> Any:
+        if not self._ptr:
+            raise LlamaError("the model was already closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr:
+            C.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- metadata -------------------------------------------------------------
+
+    def meta(self, key: str) -> str | None:
+        """A metadata value as llama.cpp renders it, or None if absent."""
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = n + 1
+
+    def chat_template(self) -> str | None:
+        raw = C.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self.ptr, buf, 256)
+        return buf.value.decode("utf-8", "replace")
+
+    @property
+    def n_params(self) -> int:
+        return int(C.llama_model_n_params(self.ptr))
+
+    @property
+    def n_layer(self) -> int:
+        return int(C.llama_model_n_layer(self.ptr))
+
+    # -- vocabulary -----------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Text -> token ids. `parse_special` lets control-token text become control tokens."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (C.llama_token * cap)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special,
+                                 parse_special)
+        if n < 0:
+            raise LlamaError(f"tokenization failed ({n})")
+        return buf[:n]
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes one token stands for (control tokens render empty unless `special`)."""
+        buf = self._piece_buf
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def eog_tokens(self) -> list[int]:
+        """Every end-of-generation token (EOS, EOT, <|im_end|>...)."""
+        is_eog, vocab = C.llama_vocab_is_eog, self.vocab
+        return [t for t in range(self.n_vocab) if is_eog(vocab, t)]
+
+    def is_control(self, token: int) -> bool:
+        return bool(C.llama_vocab_get_attr(self.vocab, token) & ATTR_CONTROL)
+
+    def special_token_text(self, token: int) -> str:
+        return self.token_bytes(token, special=True).decode("utf-8", "replace")
+
+    def apply_builtin_template(self, name: str, messages: Sequence[dict[str, str]],
+                               *, add_generation_prompt: bool) -> str | None:
+        """Render with one of llama.cpp's built-in templates; None if it does not know `name`."""
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        arr = (C.llama_chat_message * len(keep))()
+        for i, (role, content) in enumerate(keep):
+            arr[i].role = role
+            arr[i].content = content
+        size = 2 * sum(len(c) + len(r) for r, c in keep) + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = C.llama_chat_apply_template(name.encode(), arr, len(keep),
+                                            add_generation_prompt, buf, size)
+            if n < 0:
+                return None
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", "replace")
+            size = n + 1
+        return None
+
+
+class Context:
+    """An inference context: the KV cache and compute buffers for one model."""
+
+    def __init__(self, model: Model, params: ContextParams) -> None:
+        self.model = model
+        cp = C.llama_context_default_params()
+        n_ctx = params.n_ctx or min(model.n_ctx_train or 4096, ContextParams.DEFAULT_MAX_CTX)
+        cp.n_ctx = n_ctx
+        cp.n_batch = min(params.n_batch, n_ctx)
+        cp.n_ubatch = min(params.n_ubatch, cp.n_batch)
+        cp.n_seq_max = params.n_seq_max
+        threads = params.n_threads or physical_cores()
+        cp.n_threads = threads
+        cp.n_threads_batch = params.n_threads_batch or threads
+        cp.flash_attn_type = _FLASH_ATTN[params.flash_attn]
+        cp.type_k = _KV_CACHE_TYPES[params.cache_type_k]
+        cp.type_v = _KV_CACHE_TYPES[params.cache_type_v]
+        cp.no_perf = True
+        self._ptr = C.llama_init_from_model(model.ptr, cp)
+        if not self._ptr:
+            if params.cache_type_v not in ("f16", "f32", "bf16") and params.flash_attn != "on":
+                raise UsageError(
+                    f"--cache-type-v {params.cache_type_v} needs flash attention (-fa on)"
+                )
+            raise ResourceError(
+                f"llama.cpp could not create a context of {n_ctx} tokens "
+                "(out of memory? try a smaller -c/--ctx-size; -v shows details)"
+            )
+        self.n_ctx = int(C.llama_n_ctx(self._ptr))
+        self.n_batch = int(C.llama_n_batch(self._ptr))
+        self.n_threads = threads
+        self._memory = C.llama_get_memory(self._ptr)
+
+    @property
+    def ptr(self) -> Any:
+        if not self._ptr:
+            raise LlamaError("the context was already closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr:
+            C.llama_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def decode(self, batch: Batch) -> None:
+        rc = C.llama_decode(self._ptr, batch.native)
+        if rc == 0:
+            return
+        if rc == 1:
+            raise ResourceError("the KV cache has no room for this batch (context full)")
+        if rc == 2:
+            raise KeyboardInterrupt
+        raise LlamaError(f"llama_decode failed with code {rc}")
+
+    def memory_seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end)."""
+        return bool(C.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
+
+    def memory_clear(self) -> None:
+        C.llama_memory_clear(self._memory, True)
+
+    def memory_seq_pos_max(self, seq_id: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self._memory, seq_id))
+
+
+class Batch:
+    """A reusable native token batch of fixed capacity (llama_batch_init/free)."""
+
+    def __init__(self, capacity: int, n_seq_max: int = 1) -> None:
+        self.capacity = capacity
+        self.native = C.llama_batch_init(capacity, 0, n_seq_max)
+        self._freed = False
+
+    def close(self) -> None:
+        if not self._freed:
+            C.llama_batch_free(self.native)
+            self._freed = True
+
+    def __del__(self) -> None:
+        self.close()
+
+    def set_tokens(self, tokens: Sequence[int], *, start_pos: int, seq_id: int = 0,
+                   logits_last: bool = True) -> None:
+        """Fill the batch with one sequence's consecutive tokens starting at `start_pos`."""
+        n = len(tokens)
+        if n > self.capacity:
+            raise LlamaError(f"batch of {n} tokens exceeds capacity {self.capacity}")
+        b = self.native
+        b.n_tokens = n
+        tok, pos, nseq, sid, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits
+        for i in range(n):
+            tok[i] = tokens[i]
+            pos[i] = start_pos + i
+            nseq[i] = 1
+            sid[i][0] = seq_id
+            logits[i] = 0
+        if logits_last and n:
+            logits[n - 1] = 1
+
+    def set_one(self, token: int, pos: int, seq_id: int = 0) -> None:
+        """The decode step's batch: a single token whose logits are wanted."""
+        b = self.native
+        b.n_tokens = 1
+        b.token[0] = token
+        b.pos[0] = pos
+        b.n_seq_id[0] = 1
+        b.seq_id[0][0] = seq_id
+        b.logits[0] = 1
+
+
+@dataclass
+class SamplerStep:
+    """One native sampler to add to a chain, created lazily from its constructor."""
+
+    name: str
+    make: Any  # () -> llama_sampler pointer (NULL on failure)
+
+
+class SamplerChain:
+    """A native llama.cpp sampler chain; sampling and accepting happen in C."""
+
+    def __init__(self, steps: Sequence[SamplerStep]) -> None:
+        params = C.llama_sampler_chain_default_params()
+        params.no_perf = True
+        self._ptr = C.llama_sampler_chain_init(params)
+        try:
+            for step in steps:
+                smpl = step.make()
+                if not smpl:
+                    raise UsageError(f"llama.cpp rejected the {step.name} sampler settings")
+                C.llama_sampler_chain_add(self._ptr, smpl)
+        except BaseException:
+            self.close()
+            raise
+
+    def sample(self, ctx: Context, idx: int = -1) -> int:
+        """Sample from the logits of output `idx` and accept the token into the chain's state."""
+        return int(C.llama_sampler_sample(self._ptr, ctx._ptr, idx))
+
+    def accept(self, token: int) -> None:
+        C.llama_sampler_accept(self._ptr, token)
+
+    def reset(self) -> None:
+        C.llama_sampler_reset(self._ptr)
+
+    def close(self) -> None:
+        if self._ptr:
+            C.llama_sampler_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> SamplerChain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

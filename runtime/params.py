@@ -1,0 +1,58 @@
+"""Context parameters: how large a context to create and how to run it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infer.runtime.errors import UsageError
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+FLASH_ATTN_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """Frozen, validated context settings; names follow llama.cpp's.
+
+    ``n_ctx=None`` means the model's training context capped at DEFAULT_MAX_CTX;
+    ``n_threads=None`` means the physical cores; ``n_gpu_layers=None`` means all
+    layers when a GPU backend is present, else none.
+    """
+
+    DEFAULT_MAX_CTX = 4096
+
+    n_ctx: int | None = None
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    n_gpu_layers: int | None = None
+    flash_attn: str = "auto"
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    use_mmap: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_ctx is not None and self.n_ctx < 16:
+            raise UsageError(f"context size must be at least 16 tokens, got {self.n_ctx}")
+        for name in ("n_batch", "n_ubatch", "n_seq_max"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("n_threads", "n_threads_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"thread count must be at least 1, got {value}")
+        if self.n_gpu_layers is not None and self.n_gpu_layers < -1:
+            raise UsageError(f"GPU layers must be -1 (all) or more, got {self.n_gpu_layers}")
+        if self.flash_attn not in FLASH_ATTN_MODES:
+            raise UsageError(
+                f"flash attention must be one of {', '.join(FLASH_ATTN_MODES)}, "
+                f"got {self.flash_attn!r}"
+            )
+        for name in ("cache_type_k", "cache_type_v"):
+            value = getattr(self, name)
+            if value not in KV_CACHE_TYPES:
+                raise UsageError(
+                    f"unknown KV cache type {value!r} (valid: {', '.join(KV_CACHE_TYPES)})"
+                )

@@ -1,0 +1,255 @@
+"""Sampling parameters and the native llama.cpp sampler chain built from them.
+
+``SamplingParams`` is declared once here; the CLI collects only the flags a user
+set and layers them over the model's recommended defaults (GGUF
+``general.sampling.*``) and llama.cpp's own defaults, in ``SamplingParams.resolve``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Mapping
+
+from infer.runtime.errors import UsageError
+
+# GGUF `general.sampling.*` keys (written by llama.cpp's converter from a model's
+# generation_config.json) -> SamplingParams fields.
+MODEL_DEFAULT_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.xtc_probability": "xtc_probability",
+    "general.sampling.xtc_threshold": "xtc_threshold",
+    "general.sampling.penalty_last_n": "repeat_last_n",
+    "general.sampling.penalty_repeat": "repeat_penalty",
+    "general.sampling.mirostat": "mirostat",
+    "general.sampling.mirostat_tau": "mirostat_tau",
+    "general.sampling.mirostat_eta": "mirostat_eta",
+}
+
+DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token and when to stop. Defaults are llama.cpp's."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None: a fresh random seed, reported in the result
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None
+    json_schema: str | None = None  # JSON text of a schema; becomes a grammar
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None  # None: until end of generation or a full context
+    ignore_eos: bool = False
+    _schema_grammar: str | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        if self.json_schema is not None and self._schema_grammar is None:
+            object.__setattr__(self, "_schema_grammar", json_schema_to_grammar(self.json_schema))
+
+    @classmethod
+    def resolve(cls, model_defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> SamplingParams:
+        """llama.cpp's defaults, then the model's recommendations, then the user's flags."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(overrides) - names
+        if unknown:
+            raise UsageError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
+        merged = {k: v for k, v in model_defaults.items() if k in names}
+        merged.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**merged)
+
+    def with_seed(self) -> SamplingParams:
+        """A copy with a concrete seed, so that a random run can be reproduced."""
+        if self.seed is not None:
+            return self
+        return replace(self, seed=int.from_bytes(os.urandom(4), "little") % 0xFFFFFFFF)
+
+    @property
+    def effective_grammar(self) -> str | None:
+        return self.grammar if self.grammar is not None else self._schema_grammar
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise UsageError(message)
+
+
+def _validate(p: SamplingParams) -> None:
+    for f in fields(p):
+        value = getattr(p, f.name)
+        if isinstance(value, float) and math.isnan(value):
+            raise UsageError(f"{f.name} must be a number, got NaN")
+    _check(p.temperature >= 0, f"temperature must be >= 0, got {p.temperature}")
+    _check(p.top_k >= 0, f"top-k must be >= 0, got {p.top_k}")
+    _check(0 < p.top_p <= 1, f"top-p must be in (0, 1], got {p.top_p}")
+    _check(0 <= p.min_p <= 1, f"min-p must be in [0, 1], got {p.min_p}")
+    _check(0 < p.typical_p <= 1, f"typical-p must be in (0, 1], got {p.typical_p}")
+    _check(p.repeat_penalty > 0, f"repeat penalty must be > 0, got {p.repeat_penalty}")
+    _check(p.repeat_last_n >= -1, f"repeat-last-n must be >= -1, got {p.repeat_last_n}")
+    _check(p.seed is None or 0 <= p.seed <= 0xFFFFFFFF,
+           f"seed must be in [0, 4294967295], got {p.seed}")
+    _check(p.mirostat in (0, 1, 2), f"mirostat must be 0, 1 or 2, got {p.mirostat}")
+    _check(p.mirostat_tau > 0, f"mirostat tau must be > 0, got {p.mirostat_tau}")
+    _check(p.mirostat_eta > 0, f"mirostat eta must be > 0, got {p.mirostat_eta}")
+    _check(p.dry_multiplier >= 0, f"DRY multiplier must be >= 0, got {p.dry_multiplier}")
+    _check(p.dry_base >= 1, f"DRY base must be >= 1, got {p.dry_base}")
+    _check(p.dry_allowed_length >= 0,
+           f"DRY allowed length must be >= 0, got {p.dry_allowed_length}")
+    _check(p.dry_penalty_last_n >= -1,
+           f"DRY penalty-last-n must be >= -1, got {p.dry_penalty_last_n}")
+    _check(0 <= p.xtc_probability <= 1,
+           f"XTC probability must be in [0, 1], got {p.xtc_probability}")
+    _check(0 <= p.xtc_threshold <= 1, f"XTC threshold must be in [0, 1], got {p.xtc_threshold}")
+    _check(p.max_tokens is None or p.max_tokens >= 0,
+           f"max tokens must be >= 0 (or -1 for no limit), got {p.max_tokens}")
+    _check(all(s for s in p.stop), "stop strings must not be empty")
+    _check(not (p.grammar is not None and p.json_schema is not None),
+           "give either a grammar or a JSON schema, not both")
+    for token, bias in p.logit_bias:
+        _check(token >= 0, f"logit bias token id must be >= 0, got {token}")
+        _check(not math.isnan(bias), "logit bias must be a number")
+
+
+def parse_logit_bias(spec: str) -> tuple[int, float]:
+    """Parse llama.cpp's `TOKEN_ID(+|-)BIAS` form, e.g. `15043+1` or `15043-inf`."""
+    for i, ch in enumerate(spec):
+        if ch in "+-" and i > 0:
+            token_s, bias_s = spec[:i], spec[i:]
+            break
+    else:
+        raise UsageError(f"logit bias {spec!r} must look like TOKEN_ID+BIAS or TOKEN_ID-BIAS")
+    try:
+        token, bias = int(token_s), float(bias_s)
+    except ValueError:
+        raise UsageError(f"logit bias {spec!r} must look like TOKEN_ID+BIAS or TOKEN_ID-BIAS") from None
+    return token, bias
+
+
+def json_schema_to_grammar(schema_text: str) -> str:
+    """Convert a JSON schema to a GBNF grammar with llama.cpp's converter."""
+    try:
+        schema = json.loads(schema_text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"the JSON schema is not valid JSON: {e}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise UsageError("the JSON schema must be a JSON object")
+    from infer.runtime.llama import load_bindings_module
+
+    converter = load_bindings_module("llama_grammar")
+    try:
+        return str(converter.json_schema_to_gbnf(json.dumps(schema)))
+    except Exception as e:  # the converter raises bare exceptions for unsupported schemas
+        raise UsageError(f"unsupported JSON schema: {e}") from None
+
+
+def model_sampling_defaults(meta: Callable[[str], str | None]) -> dict[str, Any]:
+    """The model's recommended sampling settings from its GGUF metadata."""
+    kinds = {f.name: f.type for f in fields(SamplingParams)}
+    out: dict[str, Any] = {}
+    for key, name in MODEL_DEFAULT_KEYS.items():
+        raw = meta(key)
+        if raw is None:
+            continue
+        try:
+            out[name] = int(float(raw)) if kinds[name] == "int" else float(raw)
+        except ValueError:
+            continue
+    return out
+
+
+def build_sampler_chain(p: SamplingParams, model: Any) -> Any:
+    """Build the native sampler chain for `p` on `model` (an ``infer.runtime.llama.Model``).
+
+    The order follows llama.cpp's default: logit bias, grammar, penalties, DRY,
+    then top-k, typical, top-p, min-p, XTC, temperature and the random draw
+    (or greedy at temperature 0, or mirostat).
+    """
+    from infer.runtime.llama import C, SamplerChain, SamplerStep
+
+    if p.seed is None:
+        p = p.with_seed()
+    seed = p.seed
+    steps: list[SamplerStep] = []
+    biases = list(p.logit_bias)
+    for token, _ in biases:
+        if token >= model.n_vocab:
+            raise UsageError(
+                f"logit bias token id {token} is outside the vocabulary of {model.n_vocab}"
+            )
+    if p.ignore_eos:  # as llama.cpp does: end-of-generation tokens can never be drawn
+        biases += [(token, -math.inf) for token in model.eog_tokens()]
+    if biases:
+        arr = (C.llama_logit_bias * len(biases))()
+        for i, (token, bias) in enumerate(biases):
+            arr[i].token = token
+            arr[i].bias = bias
+        steps.append(SamplerStep("logit bias", lambda: C.llama_sampler_init_logit_bias(
+            model.n_vocab, len(biases), arr)))
+    grammar = p.effective_grammar
+    if grammar is not None:
+        steps.append(SamplerStep("grammar", lambda: C.llama_sampler_init_grammar(
+            model.vocab, grammar.encode("utf-8"), b"root")))
+    if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+        steps.append(SamplerStep("penalties", lambda: C.llama_sampler_init_penalties(
+            p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)))
+    if p.dry_multiplier > 0:
+        breakers = [b.encode("utf-8") for b in p.dry_sequence_breakers]
+        arr_b = (ctypes.c_char_p * len(breakers))(*breakers)
+        steps.append(SamplerStep("DRY", lambda: C.llama_sampler_init_dry(
+            model.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+            p.dry_penalty_last_n, arr_b, len(breakers))))
+    if p.temperature <= 0:
+        steps.append(SamplerStep("greedy", C.llama_sampler_init_greedy))
+    elif p.mirostat == 1:
+        steps.append(SamplerStep("temperature", lambda: C.llama_sampler_init_temp(p.temperature)))
+        steps.append(SamplerStep("mirostat", lambda: C.llama_sampler_init_mirostat(
+            model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)))
+    elif p.mirostat == 2:
+        steps.append(SamplerStep("temperature", lambda: C.llama_sampler_init_temp(p.temperature)))
+        steps.append(SamplerStep("mirostat v2", lambda: C.llama_sampler_init_mirostat_v2(
+            seed, p.mirostat_tau, p.mirostat_eta)))
+    else:
+        if p.top_k > 0:
+            steps.append(SamplerStep("top-k", lambda: C.llama_sampler_init_top_k(p.top_k)))
+        if p.typical_p < 1:
+            steps.append(SamplerStep("typical", lambda: C.llama_sampler_init_typical(p.typical_p, 1)))
+        if p.top_p < 1:
+            steps.append(SamplerStep("top-p", lambda: C.llama_sampler_init_top_p(p.top_p, 1)))
+        if p.min_p > 0:
+            steps.append(SamplerStep("min-p", lambda: C.llama_sampler_init_min_p(p.min_p, 1)))
+        if p.xtc_probability > 0:
+            steps.append(SamplerStep("XTC", lambda: C.llama_sampler_init_xtc(
+                p.xtc_probability, p.xtc_threshold, 1, seed)))
+        steps.append(SamplerStep("temperature", lambda: C.llama_sampler_init_temp(p.temperature)))
+        steps.append(SamplerStep("dist", lambda: C.llama_sampler_init_dist(seed)))
+    try:
+        return SamplerChain(steps)
+    except UsageError:
+        if grammar is not None:
+            raise UsageError("invalid grammar: llama.cpp could not parse it (-v shows where)") from None
+        raise

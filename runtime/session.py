@@ -1,0 +1,198 @@
+"""One conversation's tokens mirrored in the KV cache: prefix reuse, prefill, decoding.
+
+The session remembers which tokens its KV cache holds. A new prompt keeps the
+longest common prefix, removes the rest from the cache, and prefills only the
+new suffix in ``n_batch`` chunks. Decoding runs on the native sampler chain:
+per token, Python makes one sample call, one piece lookup and one decode call.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from infer.runtime.errors import ContextOverflowError
+from infer.runtime.llama import Batch, Context, Model
+from infer.runtime.params import ContextParams
+from infer.runtime.sampling import SamplingParams, build_sampler_chain
+from infer.runtime.textstream import TextStream
+
+SEQ_ID = 0
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens that were already in the KV cache
+    completion_tokens: int = 0
+
+
+@dataclass
+class Timings:
+    load_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    ttft_ms: float = 0.0  # from the start of the request to the first sampled token
+    prefill_tokens: int = 0  # tokens actually prefilled (prompt minus cached)
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefill_tokens / (self.prefill_ms / 1000) if self.prefill_ms > 0 else 0.0
+
+    def decode_tps(self, completion_tokens: int) -> float:
+        return completion_tokens / (self.decode_ms / 1000) if self.decode_ms > 0 else 0.0
+
+
+@dataclass
+class Piece:
+    """Text that is final and can be shown."""
+
+    text: str
+
+
+@dataclass
+class Completion:
+    """The end of a generation: what was produced, why it ended, and what it cost."""
+
+    text: str
+    finish_reason: str  # "eos", "stop" (a stop string), or "length"
+    usage: Usage
+    timings: Timings
+    seed: int | None
+    stop_string: str | None = None
+    tokens: list[int] = field(default_factory=list, repr=False)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Session:
+    """A model, a context, and the token sequence its KV cache holds."""
+
+    def __init__(self, model: Model, context: Context, *, load_ms: float = 0.0) -> None:
+        self.model = model
+        self.context = context
+        self.load_ms = load_ms
+        self.tokens: list[int] = []
+        self._batch = Batch(context.n_batch)
+
+    @classmethod
+    def open(cls, path: str | Path, params: ContextParams | None = None) -> Session:
+        """Load the model at `path` (mmap) and create a context for it."""
+        params = params or ContextParams()
+        t0 = time.perf_counter()
+        model = Model(path, n_gpu_layers=params.n_gpu_layers, use_mmap=params.use_mmap)
+        try:
+            context = Context(model, params)
+        except BaseException:
+            model.close()
+            raise
+        return cls(model, context, load_ms=(time.perf_counter() - t0) * 1000)
+
+    def close(self) -> None:
+        self._batch.close()
+        self.context.close()
+        self.model.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def n_ctx(self) -> int:
+        return self.context.n_ctx
+
+    def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:
+        """Fail before any work if the prompt and the requested tokens exceed the context."""
+        wanted = n_prompt + (max_tokens or 0)
+        if n_prompt >= self.n_ctx or wanted > self.n_ctx:
+            raise ContextOverflowError(prompt_tokens=n_prompt, max_tokens=max_tokens,
+                                       n_ctx=self.n_ctx)
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Bring the KV cache to hold exactly `tokens`; return how many were reused.
+
+        The logits of the last token are computed, ready for sampling.
+        """
+        if not tokens:
+            raise ValueError("cannot prefill an empty prompt")
+        keep = common_prefix_len(self.tokens, tokens)
+        if keep == len(tokens):
+            keep -= 1  # the last token must be decoded again to get its logits
+        if not self.context.memory_seq_rm(SEQ_ID, keep, -1):
+            self.context.memory_clear()  # a cache that cannot cut mid-sequence starts over
+            keep = 0
+        del self.tokens[keep:]
+        n_batch = self._batch.capacity
+        for start in range(keep, len(tokens), n_batch):
+            chunk = tokens[start:start + n_batch]
+            self._batch.set_tokens(chunk, start_pos=start, seq_id=SEQ_ID,
+                                   logits_last=start + n_batch >= len(tokens))
+            self.context.decode(self._batch)
+            self.tokens.extend(chunk)
+        return keep
+
+    def decode_token(self, token: int) -> None:
+        """Append one token to the KV cache and compute its logits."""
+        self._batch.set_one(token, len(self.tokens), SEQ_ID)
+        self.context.decode(self._batch)
+        self.tokens.append(token)
+
+    def generate(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[Piece | Completion]:
+        """Prefill `prompt`, then sample until EOS, a stop string, or the token limit.
+
+        Yields ``Piece`` events as text becomes final, then one ``Completion``.
+        """
+        self.check_fits(len(prompt), params.max_tokens)
+        params = params.with_seed()
+        t_start = time.perf_counter()
+        with build_sampler_chain(params, self.model) as chain:
+            cached = self.prefill(prompt)
+            t_prefilled = time.perf_counter()
+            stream = TextStream(params.stop)
+            limit = self.n_ctx - len(prompt)
+            if params.max_tokens is not None:
+                limit = min(limit, params.max_tokens)
+            generated: list[int] = []
+            finish = "length"
+            t_first = t_prefilled
+            model, decode_token, token_bytes = self.model, self.decode_token, self.model.token_bytes
+            while len(generated) < limit:
+                token = chain.sample(self.context)
+                if not generated:
+                    t_first = time.perf_counter()
+                if model.is_eog(token) and not params.ignore_eos:
+                    finish = "eos"
+                    break
+                generated.append(token)
+                text = stream.feed(token_bytes(token))
+                if text:
+                    yield Piece(text)
+                if stream.stopped_by is not None:
+                    finish = "stop"
+                    break
+                if len(generated) < limit:
+                    decode_token(token)
+            tail = stream.finish()
+            if tail:
+                yield Piece(tail)
+            t_end = time.perf_counter()
+        timings = Timings(
+            load_ms=self.load_ms,
+            prefill_ms=(t_prefilled - t_start) * 1000,
+            decode_ms=(t_end - t_prefilled) * 1000,
+            ttft_ms=(t_first - t_start) * 1000,
+            prefill_tokens=len(prompt) - cached,
+        )
+        usage = Usage(len(prompt), cached, len(generated))
+        yield Completion(stream.text, finish, usage, timings, params.seed,
+                         stream.stopped_by if finish == "stop" else None, generated)

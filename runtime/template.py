@@ -1,0 +1,137 @@
+"""Chat templates: render a conversation with the model's Jinja template, sandboxed.
+
+A template comes from a downloaded file, so it is untrusted input. It runs in
+Jinja's immutable sandbox, and any reach for Python internals (an underscore
+attribute, an unsafe call) stops rendering with a ``TemplateError`` instead of
+quietly rendering nothing. The environment offers what real templates call, as
+Hugging Face's ``apply_chat_template`` does.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Sequence
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from infer.runtime.errors import TemplateError
+
+Message = dict[str, Any]
+
+
+class _TemplateRaised(TemplateError):
+    """The template itself called raise_exception (it refuses this conversation)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise _TemplateRaised(f"the chat template refused the conversation: {message}")
+
+
+def _tojson(value: Any, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _GenerationTag(Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training; render as is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    """A sandbox where touching an unsafe attribute is an error, not an empty string."""
+
+    def unsafe_undefined(self, obj: Any, attribute: Any) -> Any:
+        raise SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__} is not allowed"
+        )
+
+
+@lru_cache(maxsize=1)
+def _environment() -> _StrictSandbox:
+    env = _StrictSandbox(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols", _GenerationTag],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str) -> jinja2.Template:
+    try:
+        return _environment().from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise TemplateError(f"the chat template has a syntax error on line {e.lineno}: {e.message}") from None
+    except SecurityError as e:
+        raise TemplateError(f"the chat template tried something not allowed: {e}") from None
+
+
+def render(source: str, messages: Sequence[Message], *, bos_token: str = "", eos_token: str = "",
+           add_generation_prompt: bool = True) -> str:
+    """Render `messages` with the template `source`.
+
+    If the template refuses a system message, the system prompt is merged into
+    the first user message and rendering is tried once more.
+    """
+    template = _compile(source)
+    try:
+        return _render(template, messages, bos_token, eos_token, add_generation_prompt)
+    except _TemplateRaised:
+        merged = merge_system_into_user(messages)
+        if merged is None:
+            raise
+        return _render(template, merged, bos_token, eos_token, add_generation_prompt)
+
+
+def _render(template: jinja2.Template, messages: Sequence[Message], bos_token: str,
+            eos_token: str, add_generation_prompt: bool) -> str:
+    try:
+        return template.render(
+            messages=[dict(m) for m in messages],
+            bos_token=bos_token,
+            eos_token=eos_token,
+            add_generation_prompt=add_generation_prompt,
+            tools=None,
+            documents=None,
+        )
+    except TemplateError:
+        raise
+    except SecurityError as e:
+        raise TemplateError(f"the chat template tried something not allowed: {e}") from None
+    except jinja2.TemplateError as e:
+        raise TemplateError(f"the chat template failed: {e}") from None
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
+        raise TemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
+    except RecursionError:
+        raise TemplateError("the chat template recursed too deeply") from None
+
+
+def merge_system_into_user(messages: Sequence[Message]) -> list[Message] | None:
+    """The conversation with its system prompt prepended to the first user message."""
+    if not messages or messages[0].get("role") != "system":
+        return None
+    system, rest = messages[0], [dict(m) for m in messages[1:]]
+    for m in rest:
+        if m.get("role") == "user":
+            m["content"] = f"{system['content']}\n\n{m['content']}"
+            return rest
+    return [{"role": "user", "content": system["content"]}, *rest]
