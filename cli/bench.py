@@ -9,6 +9,7 @@ from typing import Annotated, Any, Mapping, Optional
 import typer
 
 from infer.cli import options as o
+from infer.cli.errors import shielded
 from infer.runtime.errors import UsageError
 
 
@@ -32,7 +33,7 @@ def bench(
     verbose: o.Verbose = False,
 ) -> None:
     """Measure prefill (pp) and decode (tg) tokens per second, mean ± stddev."""
-    execute(ctx.params)
+    shielded(execute, ctx.params)
 
 
 def execute(flags: Mapping[str, Any]) -> None:

@@ -36,6 +36,24 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
 )
 
 
+class Interrupted(Exception):
+    """Ctrl-C inside a command, carried past Typer (which would turn it into a bare exit code)."""
+
+
+class OutputClosed(Exception):
+    """The reader of stdout went away (`infer run ... | head`), carried past Typer."""
+
+
+def shielded(func: Callable[..., object], *args: object) -> None:
+    """Run a command's body; Ctrl-C and a closed stdout leave it as infer's own exceptions."""
+    try:
+        func(*args)
+    except KeyboardInterrupt:
+        raise Interrupted from None
+    except BrokenPipeError:
+        raise OutputClosed from None
+
+
 def exit_code_for(error: BaseException) -> int:
     for cls, code in EXIT_CODES:
         if isinstance(error, cls):
@@ -49,9 +67,8 @@ def debug_enabled() -> bool:
     return os.environ.get("INFER_DEBUG", "") not in ("", "0")
 
 
-def print_error(message: str) -> None:
+def print_error(message: str, *, prefix: str = "infer: error:") -> None:
     """One line on stderr: `infer: error: ...` (red when stderr is a colour terminal)."""
-    prefix = "infer: error:"
     if sys.stderr.isatty() and "NO_COLOR" not in os.environ:
         prefix = f"\033[1;31m{prefix}\033[0m"
     first_line = " ".join(message.split("\n")[0].split()) or "unknown error"
@@ -76,10 +93,10 @@ def guarded(func: Callable[[], int | None]) -> NoReturn:
     """Run `func`, turn every failure into a message and an exit code, and exit."""
     try:
         code = func() or EXIT_OK
-    except KeyboardInterrupt:
-        print_error("interrupted")
+    except (KeyboardInterrupt, Interrupted):
+        print_error("interrupted", prefix="infer:")
         code = EXIT_INTERRUPTED
-    except BrokenPipeError:
+    except (BrokenPipeError, OutputClosed):
         silence_stdout()
         code = EXIT_OK
     except SystemExit:

@@ -60,15 +60,18 @@ def main() -> None:
 
 
 def _invoke() -> int:
-    import click
+    from infer.runtime.errors import UsageError
 
     try:
-        result = app(standalone_mode=False)
-    except click.exceptions.UsageError as e:
-        from infer.runtime.errors import UsageError
-
-        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-        raise UsageError(f"{e.format_message()}{hint}") from None
-    except click.exceptions.Abort:
+        result = app(standalone_mode=False, prog_name="infer")
+    except typer.Abort:
         raise KeyboardInterrupt from None
+    except Exception as e:
+        # Click's parse errors (Typer vendors click in recent versions, so match the
+        # protocol, not a class): a message and an exit code, 2 for usage errors.
+        if not (hasattr(e, "format_message") and getattr(e, "exit_code", None) == 2):
+            raise
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        raise UsageError(f"{e.format_message()}{hint}") from None
     return result if isinstance(result, int) else 0

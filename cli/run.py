@@ -11,6 +11,7 @@ from typing import Annotated, Any, Mapping, Optional
 import typer
 
 from infer.cli import options as o
+from infer.cli.errors import shielded
 from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import UsageError
 
@@ -67,7 +68,7 @@ def run(
     no_mmap: o.NoMmap = False,
 ) -> None:
     """Generate a reply to PROMPT and stream it to stdout."""
-    execute(ctx.params)
+    shielded(execute, ctx.params)
 
 
 def execute(flags: Mapping[str, Any]) -> None:

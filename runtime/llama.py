@@ -13,11 +13,13 @@ import importlib.util
 import logging
 import os
 import sys
+import tempfile
 import types
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from infer.runtime.errors import LlamaError, ModelError, ResourceError, UsageError
 from infer.runtime.params import ContextParams
@@ -370,11 +372,41 @@ class Batch:
 
 
 @dataclass
+class CapturedText:
+    text: str = ""
+
+
+@contextmanager
+def native_stderr_captured() -> Iterator[CapturedText]:
+    """Capture what native code writes straight to file descriptor 2 (not through the log).
+
+    llama.cpp's grammar parser reports errors with fprintf(stderr); this keeps them off
+    the user's terminal and lets the caller put them into one clear message.
+    """
+    captured = CapturedText()
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            captured.text = tmp.read().decode("utf-8", "replace")
+
+
+@dataclass
 class SamplerStep:
     """One native sampler to add to a chain, created lazily from its constructor."""
 
     name: str
     make: Any  # () -> llama_sampler pointer (NULL on failure)
+    capture_stderr: bool = field(default=False)
 
 
 class SamplerChain:
@@ -386,9 +418,18 @@ class SamplerChain:
         self._ptr = C.llama_sampler_chain_init(params)
         try:
             for step in steps:
-                smpl = step.make()
+                if step.capture_stderr:
+                    with native_stderr_captured() as said:
+                        smpl = step.make()
+                    if said.text.strip():
+                        log.warning("%s", said.text.strip())
+                else:
+                    smpl = step.make()
                 if not smpl:
-                    raise UsageError(f"llama.cpp rejected the {step.name} sampler settings")
+                    detail = said.text if step.capture_stderr else ""
+                    detail = " ".join(detail.split())
+                    raise UsageError(f"invalid {step.name}: {detail}" if detail else
+                                     f"llama.cpp rejected the {step.name} settings")
                 C.llama_sampler_chain_add(self._ptr, smpl)
         except BaseException:
             self.close()

@@ -213,7 +213,7 @@ def build_sampler_chain(p: SamplingParams, model: Any) -> Any:
     grammar = p.effective_grammar
     if grammar is not None:
         steps.append(SamplerStep("grammar", lambda: C.llama_sampler_init_grammar(
-            model.vocab, grammar.encode("utf-8"), b"root")))
+            model.vocab, grammar.encode("utf-8"), b"root"), capture_stderr=True))
     if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
         steps.append(SamplerStep("penalties", lambda: C.llama_sampler_init_penalties(
             p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)))
@@ -247,9 +247,4 @@ def build_sampler_chain(p: SamplingParams, model: Any) -> Any:
                 p.xtc_probability, p.xtc_threshold, 1, seed)))
         steps.append(SamplerStep("temperature", lambda: C.llama_sampler_init_temp(p.temperature)))
         steps.append(SamplerStep("dist", lambda: C.llama_sampler_init_dist(seed)))
-    try:
-        return SamplerChain(steps)
-    except UsageError:
-        if grammar is not None:
-            raise UsageError("invalid grammar: llama.cpp could not parse it (-v shows where)") from None
-        raise
+    return SamplerChain(steps)

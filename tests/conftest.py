@@ -1,0 +1,102 @@
+"""Shared fixtures: tiny real models, an isolated infer home, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tiny_model import build_llama_gguf, fixtures_dir
+
+QWEN_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not (fixtures_dir() / "vocab").is_dir():
+        message = f"the shared fixtures are missing: {fixtures_dir()} (set INFER_FIXTURES)"
+        if os.environ.get("CI"):
+            raise pytest.UsageError(message)
+
+
+@pytest.fixture(scope="session")
+def fixtures() -> Path:
+    path = fixtures_dir()
+    if not path.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"shared fixtures missing at {path}")
+        pytest.skip(f"shared fixtures missing at {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(fixtures: Path, models_dir: Path) -> Path:
+    """Llama 3 vocabulary (128k), no chat template of its own (chatml fallback)."""
+    return build_llama_gguf(models_dir / "tiny-llama3.gguf", vocab="llama-bpe")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(fixtures: Path, models_dir: Path) -> Path:
+    """Qwen 2 vocabulary (152k) with a ChatML template, like real Qwen models."""
+    return build_llama_gguf(models_dir / "tiny-qwen2.gguf", vocab="qwen2",
+                            chat_template=QWEN_TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def tiny_spm(fixtures: Path, models_dir: Path) -> Path:
+    """Llama 2 SentencePiece vocabulary (32k): small and fast to load."""
+    return build_llama_gguf(models_dir / "tiny-spm.gguf", vocab="llama-spm")
+
+
+@pytest.fixture(autouse=True)
+def infer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own infer home folder."""
+    home = tmp_path / "infer-home"
+    monkeypatch.setenv("INFER_HOME", str(home))
+    monkeypatch.delenv("INFER_DEBUG", raising=False)
+    return home
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+CLI = [sys.executable, "-c", "from infer.cli.main import main; main()"]
+
+
+def run_cli(*args: object, input: bytes | str | None = b"", timeout: float = 120,
+            env: dict[str, str] | None = None) -> Result:
+    """Run the real `infer` command in a child process. stdin is empty unless `input` is given."""
+    data = input.encode() if isinstance(input, str) else input
+    proc = subprocess.run(
+        [*CLI, *map(str, args)], input=data, capture_output=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    return Result(proc.returncode, proc.stdout.decode("utf-8", "replace"),
+                  proc.stderr.decode("utf-8", "replace"))
+
+
+def assert_one_line_error(result: Result, code: int, *fragments: str) -> None:
+    """The user sees exactly one line on stderr, the documented exit code, and no traceback."""
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("infer: error:"), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])

@@ -1,0 +1,236 @@
+"""`infer run` through the real CLI: determinism, stopping, JSON, stdin rules, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import CLI, assert_one_line_error, run_cli
+
+
+def run_json(model, *args, **kw):
+    r = run_cli("run", model, *args, "--json", **kw)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_same_seed_same_text(tiny_qwen):
+    args = ("run", tiny_qwen, "Hello", "-n", "16", "--seed", "7", "--temp", "0.8")
+    first, second = run_cli(*args), run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert len(first.stdout.strip()) > 0
+    other = run_cli("run", tiny_qwen, "Hello", "-n", "16", "--seed", "8", "--temp", "0.8")
+    assert other.stdout != first.stdout
+
+
+def test_greedy_is_deterministic_without_seed(tiny_qwen):
+    a = run_json(tiny_qwen, "Hello", "-n", "12", "--temp", "0")
+    b = run_json(tiny_qwen, "Hello", "-n", "12", "--temp", "0")
+    assert a["text"] == b["text"]
+
+
+def test_json_result_fields(tiny_qwen):
+    out = run_json(tiny_qwen, "Hello", "-n", "8", "--seed", "1")
+    assert out["finish_reason"] == "length"
+    assert out["text"]
+    assert out["seed"] == 1
+    assert out["usage"]["completion_tokens"] == 8
+    assert out["usage"]["prompt_tokens"] > 1
+    assert out["usage"]["cached_tokens"] == 0
+    for key in ("load_ms", "prefill_ms", "decode_ms", "ttft_ms",
+                "prefill_tokens_per_second", "decode_tokens_per_second"):
+        assert out["timings"][key] > 0, key
+
+
+def test_random_seed_is_reported_and_reproduces(tiny_qwen):
+    first = run_json(tiny_qwen, "Hi", "-n", "10")
+    again = run_json(tiny_qwen, "Hi", "-n", "10", "--seed", str(first["seed"]))
+    assert again["text"] == first["text"]
+
+
+def test_stop_string_ends_output_and_is_not_printed(tiny_qwen):
+    full = run_json(tiny_qwen, "Hello", "-n", "24", "--seed", "3")["text"]
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    assert stop.strip()
+    out = run_json(tiny_qwen, "Hello", "-n", "24", "--seed", "3", "--stop", stop)
+    assert out["finish_reason"] == "stop"
+    assert out["text"] == full[: full.index(stop)]
+
+
+def test_max_tokens_limits_output(tiny_qwen):
+    out = run_json(tiny_qwen, "Hello", "-n", "5", "--seed", "3")
+    assert out["usage"]["completion_tokens"] == 5
+    assert out["finish_reason"] == "length"
+
+
+def test_plain_stdout_ends_with_newline_and_has_no_escape_codes(tiny_qwen):
+    r = run_cli("run", tiny_qwen, "Hello", "-n", "6", "--seed", "5")
+    assert r.returncode == 0
+    assert r.stdout.endswith("\n")
+    assert "\x1b[" not in r.stdout
+    assert r.stderr == ""
+
+
+def test_verbose_reports_statistics_on_stderr(tiny_qwen):
+    r = run_cli("run", tiny_qwen, "Hello", "-n", "4", "--seed", "5", "-v")
+    assert r.returncode == 0
+    assert "completion: 4 tokens" in r.stderr
+    assert "tokens/s" in r.stderr
+
+
+# --- stdin rules (the rendered prompt shows what the model would see) --------
+
+def shown_prompt(model, *args, input=b""):
+    r = run_cli("run", model, *args, "--raw", "--show-prompt", input=input)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_stdin_comes_first_then_blank_line_then_prompt(tiny_qwen):
+    assert shown_prompt(tiny_qwen, "Summarize.", input=b"line one\nline two\n") == \
+        "line one\nline two\n\nSummarize.\n"
+
+
+def test_dash_prompt_means_stdin_alone(tiny_qwen):
+    assert shown_prompt(tiny_qwen, "-", input=b"only stdin") == "only stdin\n"
+
+
+def test_empty_stdin_uses_prompt_alone(tiny_qwen):
+    assert shown_prompt(tiny_qwen, "just this", input=b"") == "just this\n"
+
+
+def test_stdin_without_prompt_argument(tiny_qwen):
+    assert shown_prompt(tiny_qwen, input="from a pipe") == "from a pipe\n"
+
+
+def test_chat_prompt_uses_model_template_and_system(tiny_qwen):
+    r = run_cli("run", tiny_qwen, "Hi", "-s", "Be brief.", "--show-prompt")
+    assert r.stdout == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                        "<|im_start|>assistant\n")
+
+
+def test_binary_stdin_is_a_usage_error(tiny_qwen):
+    r = run_cli("run", tiny_qwen, "x", input=b"\x00\x01\x02binary")
+    assert_one_line_error(r, 2, "binary")
+
+
+def test_non_utf8_stdin_is_a_usage_error(tiny_qwen):
+    r = run_cli("run", tiny_qwen, "x", input=b"caf\xe9 latin-1")
+    assert_one_line_error(r, 2, "UTF-8")
+
+
+def test_no_prompt_at_all_is_a_usage_error(tiny_qwen):
+    assert_one_line_error(run_cli("run", tiny_qwen), 2, "no prompt")
+
+
+def test_dash_with_empty_stdin_is_a_usage_error(tiny_qwen):
+    assert_one_line_error(run_cli("run", tiny_qwen, "-"), 2, "empty")
+
+
+# --- bad input: each ends with its exit code and one line -----------------------
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--temp", "-1"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--top-k", "-3"], "top-k"),
+    (["--min-p", "2"], "min-p"),
+    (["--mirostat", "3"], "mirostat"),
+    (["--seed", "99999999999"], "seed"),
+    (["--repeat-last-n", "-5"], "repeat-last-n"),
+    (["--json-schema", "{not json"], "JSON schema"),
+    (["--json-schema", "[1, 2]"], "JSON schema"),
+    (["--json-schema", '{"type": "no-such-type"}'], "schema"),
+    (["--json-schema", "@/nonexistent/schema.json"], "no such file"),
+    (["--grammar", "root ::= (((("], "grammar"),
+    (["--grammar-file", "/nonexistent.gbnf"], "no such file"),
+    (["--logit-bias", "abc"], "logit bias"),
+    (["--logit-bias", "99999999+1"], "vocabulary"),
+    (["--cache-type-k", "q9_9"], "KV cache type"),
+    (["-fa", "maybe"], "flash attention"),
+    (["-c", "8"], "context size"),
+    (["-t", "0"], "thread"),
+    (["--chat-template-file", "/nonexistent.jinja"], "no such file"),
+    (["--raw", "-s", "system"], "--raw"),
+    (["--no-such-flag"], "No such option"),
+    (["--temp", "warm"], "--temp"),
+])
+def test_bad_flag_values_are_usage_errors(tiny_qwen, flags, fragment):
+    assert_one_line_error(run_cli("run", tiny_qwen, "Hello", "-n", "4", *flags), 2, fragment)
+
+
+def test_context_overflow_names_both_counts_and_the_context(tiny_qwen):
+    r = run_cli("run", tiny_qwen, "word " * 600, "-c", "256", "-n", "16")
+    assert_one_line_error(r, 2, "609 prompt tokens", "+ 16 requested tokens", "context of 256")
+
+
+def test_requested_tokens_count_towards_the_context(tiny_qwen):
+    r = run_cli("run", tiny_qwen, "Hello", "-c", "256", "-n", "300")
+    assert_one_line_error(r, 2, "+ 300 requested tokens", "context of 256")
+
+
+def test_missing_model_file(tmp_path):
+    assert_one_line_error(run_cli("run", tmp_path / "nope.gguf", "hi"), 3, "no such file")
+
+
+def test_unknown_model_reference():
+    assert_one_line_error(run_cli("run", "someone/some-model", "hi"), 3, "no such model")
+
+
+def test_hf_folder_not_yet_supported(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert_one_line_error(run_cli("run", tmp_path, "hi"), 3, "not supported yet")
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("this is not a model\n" * 10)
+    assert_one_line_error(run_cli("run", bad, "hi"), 3, "magic")
+
+
+def test_broken_template_is_a_model_error(tiny_qwen, tmp_path):
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text("{% for m in messages %}{{ m.content }")
+    assert_one_line_error(run_cli("run", tiny_qwen, "hi", "--chat-template-file", tpl), 3,
+                          "syntax error")
+
+
+def test_template_reaching_python_internals_is_refused(tiny_qwen, tmp_path):
+    tpl = tmp_path / "evil.jinja"
+    tpl.write_text("{{ messages.__class__.__mro__[1].__subclasses__() }}")
+    assert_one_line_error(run_cli("run", tiny_qwen, "hi", "--chat-template-file", tpl), 3,
+                          "not allowed")
+
+
+# --- pipes and signals ---------------------------------------------------------
+
+def test_closed_pipe_ends_quietly(tiny_qwen):
+    cmd = " ".join(f"'{a}'" for a in [*CLI, "run", tiny_qwen, "Hello", "-n", "200",
+                                      "--seed", "1", "--ignore-eos"])
+    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd} </dev/null | head -c 20"],
+                          capture_output=True, timeout=120)
+    assert len(proc.stdout) == 20
+    assert proc.stderr == b"", proc.stderr.decode()
+    assert proc.returncode == 0
+
+
+def test_ctrl_c_stops_generation_keeps_text_and_exits_130(tiny_qwen):
+    proc = subprocess.Popen([*CLI, "run", str(tiny_qwen), "Hello", "-c", "4096",
+                             "--ignore-eos", "--seed", "1"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=os.environ.copy())
+    first = proc.stdout.read(1)  # generation has started
+    assert first
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert len(first + rest) > 1
+    assert b"Traceback" not in err
+    assert err.decode().strip().splitlines() == ["infer: interrupted"]
