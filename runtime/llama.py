@@ -124,7 +124,7 @@ class Model:
     """A loaded model (weights memory-mapped) and its vocabulary."""
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int | None = None,
-                 use_mmap: bool = True) -> None:
+                 use_mmap: bool = True, vocab_only: bool = False) -> None:
         init_backend()
         self.path = Path(path)
         mparams = C.llama_model_default_params()
@@ -132,6 +132,7 @@ class Model:
             n_gpu_layers = -1 if supports_gpu_offload() else 0
         mparams.n_gpu_layers = n_gpu_layers
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if use_mmap else C.LLAMA_LOAD_MODE_NONE
+        mparams.vocab_only = vocab_only
         self._ptr = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._ptr:
             raise ModelError(

@@ -110,8 +110,6 @@ def _render(template: jinja2.Template, messages: Sequence[Message], bos_token: s
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
-            tools=None,
-            documents=None,
         )
     except TemplateError:
         raise

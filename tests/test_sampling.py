@@ -1,0 +1,107 @@
+"""Sampling: constraints do the work on a random model; defaults layer as documented."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from conftest import run_cli
+from infer.runtime.errors import UsageError
+from infer.runtime.sampling import SamplingParams, parse_logit_bias
+from tiny_model import build_llama_gguf
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "kind": {"enum": ["a", "b", 3]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags", "kind"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_json_schema_output_parses_and_validates(tiny_qwen, seed):
+    r = run_cli("run", tiny_qwen, "Describe a person.", "--json-schema", json.dumps(SCHEMA),
+                "--seed", seed, "-n", "400", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["finish_reason"] == "eos", out  # the grammar ended it, not the token limit
+    jsonschema.validate(json.loads(out["text"]), SCHEMA)
+
+
+def test_schema_keywords_the_grammar_cannot_enforce_are_refused(tiny_qwen):
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
+    r = run_cli("run", tiny_qwen, "x", "--json-schema", json.dumps(schema))
+    assert r.returncode == 2
+    assert "properties.age.minimum" in r.stderr
+
+
+def test_json_schema_from_file(tiny_qwen, tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "array", "items": {"type": "boolean"}, "maxItems": 4}))
+    r = run_cli("run", tiny_qwen, "x", "--json-schema", f"@{schema}", "--seed", "4", "-n", "100")
+    assert r.returncode == 0, r.stderr
+    value = json.loads(r.stdout)
+    assert isinstance(value, list) and all(isinstance(v, bool) for v in value)
+
+
+def test_gbnf_grammar_constrains_output(tiny_qwen):
+    grammar = 'root ::= ("yes" | "no") " " [0-9] [0-9]'
+    for seed in (1, 2):
+        r = run_cli("run", tiny_qwen, "Answer.", "--grammar", grammar, "--seed", seed, "-n", "20")
+        assert r.returncode == 0, r.stderr
+        word, number = r.stdout.strip().split(" ")
+        assert word in ("yes", "no") and len(number) == 2 and number.isdigit()
+
+
+def test_logit_bias_forces_a_token(tiny_qwen):
+    # Token 9693 is "yes" in the Qwen 2 vocabulary; a huge bias makes it the only choice.
+    r = run_cli("run", tiny_qwen, "x", "--logit-bias", "9693+1000", "-n", "3", "--seed", "1",
+                "--json")
+    assert json.loads(r.stdout)["text"] == "yes" * 3
+
+
+def test_model_recommended_sampling_applies_and_flags_override(fixtures, models_dir):
+    path = build_llama_gguf(models_dir / "greedy-default.gguf", vocab="llama-spm",
+                            sampling={"temp": 0.0})
+    a = json.loads(run_cli("run", path, "Hi", "-n", "8", "--json").stdout)
+    b = json.loads(run_cli("run", path, "Hi", "-n", "8", "--json").stdout)
+    assert a["text"] == b["text"]  # the model asks for temperature 0: deterministic
+    hot = {json.loads(run_cli("run", path, "Hi", "-n", "8", "--temp", "1.5", "--json",
+                                 "--seed", s).stdout)["text"] for s in ("1", "2", "3")}
+    assert len(hot) > 1  # the flag overrides the model's default
+
+
+def test_ignore_eos_generates_the_full_count(tiny_qwen):
+    out = json.loads(run_cli("run", tiny_qwen, "x", "--grammar", 'root ::= "a"', "--ignore-eos",
+                             "-n", "1", "--json").stdout)
+    assert out["usage"]["completion_tokens"] == 1
+
+
+def test_resolve_layers_defaults_model_and_flags():
+    p = SamplingParams.resolve({"temperature": 0.3, "top_k": 20}, {"top_k": 5})
+    assert (p.temperature, p.top_k, p.top_p) == (0.3, 5, 0.95)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.01}, {"top_k": -1}, {"min_p": 1.5},
+    {"typical_p": 0}, {"repeat_penalty": 0}, {"mirostat": 5}, {"xtc_probability": 2},
+    {"dry_base": 0.5}, {"max_tokens": -2}, {"stop": ("",)}, {"seed": -5},
+    {"grammar": "root ::= \"a\"", "json_schema": "{}"}, {"temperature": float("nan")},
+])
+def test_out_of_range_values_are_usage_errors(kwargs):
+    with pytest.raises(UsageError):
+        SamplingParams(**kwargs)
+
+
+def test_logit_bias_parsing():
+    assert parse_logit_bias("15043+1") == (15043, 1.0)
+    assert parse_logit_bias("2-inf") == (2, float("-inf"))
+    with pytest.raises(UsageError):
+        parse_logit_bias("+1")

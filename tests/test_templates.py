@@ -1,0 +1,68 @@
+"""Chat templates: every real template renders; the sandbox holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from infer.runtime.errors import TemplateError
+from infer.runtime.template import render
+from tiny_model import fixtures_dir
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Italy?"},
+]
+
+TEMPLATES = sorted((fixtures_dir() / "chat-templates").glob("*.jinja"))
+
+
+def test_all_forty_templates_are_present():
+    assert len(TEMPLATES) == 40
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.stem)
+def test_real_template_renders_a_conversation(path):
+    text = render(path.read_text(), CONVERSATION, bos_token="<s>", eos_token="</s>")
+    # Every message the user and assistant wrote is in the prompt, in order.
+    positions = [text.find(m["content"]) for m in CONVERSATION[1:]]
+    assert all(p >= 0 for p in positions), (positions, text)
+    assert positions == sorted(positions)
+    # The system prompt is there too (some templates merge it into the first user turn).
+    assert "You are a terse assistant." in text
+    # The prompt ends by opening the assistant's turn, after the last user message.
+    assert text.rstrip().find("And of Italy?") < len(text.rstrip())
+
+
+def test_template_without_system_role_gets_it_merged():
+    source = ("{% for m in messages %}{% if m.role == 'system' %}"
+              "{{ raise_exception('System role not supported') }}{% endif %}"
+              "[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+    text = render(source, CONVERSATION[:2])
+    assert text == "[user] You are a terse assistant.\n\nWhat is the capital of France?\n"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ messages.__class__ }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ raise_exception.__globals__ }}",
+    "{% set x = messages.append({'role': 'user', 'content': 'x'}) %}",
+    "{{ cycler.__init__.__globals__.os }}",
+])
+def test_template_cannot_reach_python_internals(source):
+    with pytest.raises(TemplateError):
+        render(source, CONVERSATION)
+
+
+def test_template_helpers_work():
+    source = ("{{ bos_token }}{{ messages | tojson }}{{ strftime_now('%Y') | length }}"
+              "{% if add_generation_prompt %}<go>{% endif %}{{ eos_token }}")
+    text = render(source, CONVERSATION[:1], bos_token="<s>", eos_token="</s>")
+    assert text.startswith('<s>[{"role": "system"')
+    assert text.endswith("4<go></s>")
+
+
+def test_raise_exception_is_a_template_error():
+    with pytest.raises(TemplateError, match="refused"):
+        render("{{ raise_exception('nope') }}", CONVERSATION[1:2])
