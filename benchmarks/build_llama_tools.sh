@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own tools (llama-bench, llama-completion) from the llama-cpp-python
+# source distribution of the installed version, into ../.bench/ (ignored by git).
+# Usage: benchmarks/build_llama_tools.sh   -> prints the folder holding the binaries.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+out="$here/.bench"
+version="$(python -c 'from importlib.metadata import version; print(version("llama_cpp_python"))')"
+mkdir -p "$out/src"
+if [ ! -d "$out/src/llama_cpp_python-$version" ]; then
+  pip download --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$out/src" >&2
+  tar -xzf "$out/src/llama_cpp_python-$version.tar.gz" -C "$out/src"
+fi
+src="$out/src/llama_cpp_python-$version/vendor/llama.cpp"
+cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF >&2
+cmake --build "$out/build" -j "$(nproc)" --target llama-bench llama-completion >&2
+echo "$out/build/bin"

@@ -1,0 +1,54 @@
+"""Build the benchmark model: a random-weight llama with the real Llama 3 vocabulary, Q8_0.
+
+    python benchmarks/make_model.py OUT.gguf [--embd 768 --layers 12 --ff 2048]
+
+About 180M parameters by default (the 128k-token vocabulary alone is 2 x 98M in the
+embeddings and output). The F16 file is quantized to Q8_0 with llama.cpp's own
+quantizer through the bindings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from tiny_model import build_llama_gguf  # noqa: E402
+
+from infer.runtime.llama import C, init_backend  # noqa: E402
+
+
+def quantize(src: Path, dst: Path, ftype: int) -> None:
+    init_backend()
+    params = C.llama_model_quantize_default_params()
+    params.ftype = ftype
+    tmp = dst.with_name(dst.name + ".tmp")
+    rc = C.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise SystemExit(f"quantization failed ({rc})")
+    tmp.replace(dst)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--embd", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--ff", type=int, default=2048)
+    args = ap.parse_args()
+    f16 = args.out.with_name(args.out.stem + "-f16.gguf")
+    build_llama_gguf(f16, vocab="llama-bpe", n_embd=args.embd, n_layer=args.layers,
+                     n_head=args.heads, n_head_kv=args.heads // 3 or 1, n_ff=args.ff,
+                     n_ctx_train=4096, f16=True)
+    quantize(f16, args.out, C.LLAMA_FTYPE_MOSTLY_Q8_0)
+    f16.unlink()
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
