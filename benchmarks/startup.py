@@ -70,7 +70,9 @@ def main() -> None:
     completion = args.llama_bin / "llama-completion" if args.llama_bin else None
     if completion and completion.exists():
         name = "llama-completion"
-        ref = [str(completion), "-m", args.model, "-p", "Hello", "-n", "16", "-no-cnv",
+        # One conversation turn (-cnv -st): the prompt goes through the chat template, as
+        # infer run's does, so both prefill the same tokens.
+        ref = [str(completion), "-m", args.model, "-p", "Hello", "-n", "16", "-cnv", "-st",
                "-t", str(args.threads), "--no-warmup", "-c", "4096"]
     else:
         name = "bare C-API script"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to a temporary file beside `path`, then rename it into place."""
+    import tempfile  # not needed on the common path, where nothing is written
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -13,7 +13,6 @@ import importlib.util
 import logging
 import os
 import sys
-import tempfile
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -384,6 +383,8 @@ def native_stderr_captured() -> Iterator[CapturedText]:
     llama.cpp's grammar parser reports errors with fprintf(stderr); this keeps them off
     the user's terminal and lets the caller put them into one clear message.
     """
+    import tempfile
+
     captured = CapturedText()
     try:
         sys.stderr.flush()
