@@ -126,9 +126,9 @@ _SAMPLING_FLAGS = {
 }
 
 
-def read_text_file(path: Path, what: str) -> str:
+def read_text_file(path: str | Path, what: str) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"{what} {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
