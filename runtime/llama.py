@@ -315,6 +315,56 @@ class Context:
             raise KeyboardInterrupt
         raise LlamaError(f"llama_decode failed with code {rc}")
 
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """While active, Ctrl-C aborts a running llama_decode between two graph nodes.
+
+        Python runs its SIGINT handler only between bytecodes of the main thread, so a
+        long prefill chunk would otherwise finish before Ctrl-C is noticed. Here the
+        handler only records the signal, Python's C-level handler also writes to a
+        wakeup fd (seen even while native code runs), and llama.cpp's abort callback
+        polls both; KeyboardInterrupt is raised once the decode call has returned.
+        Used around prefill only: the callback runs once per graph node, which would
+        cost a single-token decode step noticeably.
+        """
+        import signal
+        import threading
+
+        if (threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            yield  # Ctrl-C is ignored or handled by someone else: leave it alone
+            return
+        hit: list[int] = []
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+
+        def note(signum: int, _frame: Any) -> None:
+            hit.append(signum)
+
+        def signalled(_data: Any) -> bool:
+            if hit:
+                return True
+            try:
+                return bool(os.read(r, 64))
+            except BlockingIOError:
+                return False
+
+        callback = C.ggml_abort_callback(signalled)
+        previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGINT, note)
+        C.llama_set_abort_callback(self._ptr, callback, None)
+        try:
+            yield
+        finally:
+            C.llama_set_abort_callback(self._ptr, C.ggml_abort_callback(), None)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.set_wakeup_fd(previous_fd)
+            os.close(r)
+            os.close(w)
+        if hit:
+            raise KeyboardInterrupt
+
     def memory_seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end)."""
         return bool(C.llama_memory_seq_rm(self._memory, seq_id, p0, p1))

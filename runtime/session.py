@@ -133,12 +133,13 @@ class Session:
             keep = 0
         del self.tokens[keep:]
         n_batch = self._batch.capacity
-        for start in range(keep, len(tokens), n_batch):
-            chunk = tokens[start:start + n_batch]
-            self._batch.set_tokens(chunk, start_pos=start, seq_id=SEQ_ID,
-                                   logits_last=start + n_batch >= len(tokens))
-            self.context.decode(self._batch)
-            self.tokens.extend(chunk)
+        with self.context.interruptible():
+            for start in range(keep, len(tokens), n_batch):
+                chunk = tokens[start:start + n_batch]
+                self._batch.set_tokens(chunk, start_pos=start, seq_id=SEQ_ID,
+                                       logits_last=start + n_batch >= len(tokens))
+                self.context.decode(self._batch)
+                self.tokens.extend(chunk)
         return keep
 
     def decode_token(self, token: int) -> None:

@@ -71,3 +71,28 @@ def test_bench_table_on_stdout(tiny_spm):
     r = run_cli("bench", tiny_spm, "-p", "16", "-n", "4", "-r", "1")
     assert r.returncode == 0, r.stderr
     assert "pp16" in r.stdout and "tg4" in r.stdout and "±" in r.stdout
+
+
+def test_ctrl_c_aborts_a_running_prefill_and_the_session_recovers(tiny_qwen):
+    import os
+    import signal
+
+    import pytest
+
+    from infer.runtime.llama import Batch
+    from infer.runtime.params import ContextParams
+
+    with Session.open(tiny_qwen, ContextParams(n_ctx=4096, n_batch=4096)) as s:
+        tokens = s.model.tokenize("word " * 3000, add_special=True, parse_special=False)
+        batch = Batch(len(tokens))
+        batch.set_tokens(tokens, start_pos=0)
+        with pytest.raises(KeyboardInterrupt):
+            with s.context.interruptible():
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while llama.cpp computes
+                s.context.decode(batch)
+        batch.close()
+        # llama.cpp stopped early instead of finishing the 3,000-token batch.
+        assert s.context.memory_seq_pos_max(0) < len(tokens) - 1
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        done = complete(s, tokens[:20])
+        assert done.usage.completion_tokens == 12
