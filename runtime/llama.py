@@ -15,10 +15,10 @@ import os
 import sys
 import types
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from infer.runtime.errors import LlamaError, ModelError, ResourceError, UsageError
 from infer.runtime.params import ContextParams
@@ -452,37 +452,44 @@ def native_stderr_captured() -> Iterator[CapturedText]:
             captured.text = tmp.read().decode("utf-8", "replace")
 
 
-@dataclass
-class SamplerStep:
-    """One native sampler to add to a chain, created lazily from its constructor."""
+class SamplerSpec(NamedTuple):
+    """One sampler of a chain, as data: its kind and its arguments (see SamplerChain)."""
 
-    name: str
-    make: Any  # () -> llama_sampler pointer (NULL on failure)
-    capture_stderr: bool = field(default=False)
+    kind: str
+    args: tuple[Any, ...] = ()
+
+
+# Samplers whose constructors take plain numbers, in llama.h's argument order.
+_PLAIN_SAMPLERS = {
+    "greedy": C.llama_sampler_init_greedy,
+    "dist": C.llama_sampler_init_dist,  # (seed)
+    "temp": C.llama_sampler_init_temp,  # (t)
+    "top_k": C.llama_sampler_init_top_k,  # (k)
+    "top_p": C.llama_sampler_init_top_p,  # (p, min_keep)
+    "min_p": C.llama_sampler_init_min_p,  # (p, min_keep)
+    "typical": C.llama_sampler_init_typical,  # (p, min_keep)
+    "xtc": C.llama_sampler_init_xtc,  # (p, t, min_keep, seed)
+    "penalties": C.llama_sampler_init_penalties,  # (last_n, repeat, freq, present)
+    "mirostat": C.llama_sampler_init_mirostat,  # (n_vocab, seed, tau, eta, m)
+    "mirostat_v2": C.llama_sampler_init_mirostat_v2,  # (seed, tau, eta)
+}
 
 
 class SamplerChain:
-    """A native llama.cpp sampler chain; sampling and accepting happen in C."""
+    """A native llama.cpp sampler chain; sampling and accepting happen in C.
 
-    def __init__(self, steps: Sequence[SamplerStep]) -> None:
+    Besides the plain samplers above it takes ``logit_bias`` ((token, bias) pairs),
+    ``grammar`` (GBNF text) and ``dry`` (multiplier, base, allowed length,
+    penalty-last-n, sequence breakers).
+    """
+
+    def __init__(self, model: Model, specs: Sequence[SamplerSpec]) -> None:
         params = C.llama_sampler_chain_default_params()
         params.no_perf = True
         self._ptr = C.llama_sampler_chain_init(params)
         try:
-            for step in steps:
-                if step.capture_stderr:
-                    with native_stderr_captured() as said:
-                        smpl = step.make()
-                    if said.text.strip():
-                        log.warning("%s", said.text.strip())
-                else:
-                    smpl = step.make()
-                if not smpl:
-                    detail = said.text if step.capture_stderr else ""
-                    detail = " ".join(detail.split())
-                    raise UsageError(f"invalid {step.name}: {detail}" if detail else
-                                     f"llama.cpp rejected the {step.name} settings")
-                C.llama_sampler_chain_add(self._ptr, smpl)
+            for spec in specs:
+                C.llama_sampler_chain_add(self._ptr, _make_sampler(model, spec))
         except BaseException:
             self.close()
             raise
@@ -507,3 +514,36 @@ class SamplerChain:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _make_sampler(model: Model, spec: SamplerSpec) -> Any:
+    kind, args = spec
+    if kind in _PLAIN_SAMPLERS:
+        smpl = _PLAIN_SAMPLERS[kind](*args)
+    elif kind == "logit_bias":
+        (biases,) = args
+        arr = (C.llama_logit_bias * len(biases))()
+        for i, (token, bias) in enumerate(biases):
+            arr[i].token = token
+            arr[i].bias = bias
+        smpl = C.llama_sampler_init_logit_bias(model.n_vocab, len(biases), arr)
+    elif kind == "dry":
+        multiplier, base, allowed_length, last_n, breakers = args
+        encoded = [b.encode("utf-8") for b in breakers]
+        arr_b = (ctypes.c_char_p * len(encoded))(*encoded)
+        smpl = C.llama_sampler_init_dry(model.vocab, multiplier, base, allowed_length, last_n,
+                                        arr_b, len(encoded))
+    elif kind == "grammar":
+        (grammar,) = args
+        with native_stderr_captured() as said:  # the parser reports errors on fd 2
+            smpl = C.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), b"root")
+        detail = " ".join(said.text.split())
+        if not smpl:
+            raise UsageError(f"invalid grammar: {detail}" if detail else "invalid grammar")
+        if detail:
+            log.warning("%s", detail)
+    else:
+        raise LlamaError(f"unknown sampler kind {kind!r}")
+    if not smpl:
+        raise UsageError(f"llama.cpp rejected the {kind} sampler settings {args!r}")
+    return smpl

@@ -7,7 +7,6 @@ set and layers them over the model's recommended defaults (GGUF
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from infer.runtime.errors import UsageError
+from infer.runtime.llama import Model, SamplerChain, SamplerSpec, load_bindings_module
 
 # GGUF `general.sampling.*` keys (written by llama.cpp's converter from a model's
 # generation_config.json) -> SamplingParams fields.
@@ -191,8 +191,6 @@ def json_schema_to_grammar(schema_text: str) -> str:
             f"unsupported JSON schema keyword(s) {', '.join(unsupported)}: "
             "the output could not be guaranteed to validate"
         )
-    from infer.runtime.llama import load_bindings_module
-
     converter = load_bindings_module("llama_grammar")
     try:
         grammar = str(converter.json_schema_to_gbnf(json.dumps(schema)))
@@ -218,69 +216,53 @@ def model_sampling_defaults(meta: Callable[[str], str | None]) -> dict[str, Any]
     return out
 
 
-def build_sampler_chain(p: SamplingParams, model: Any) -> Any:
-    """Build the native sampler chain for `p` on `model` (an ``infer.runtime.llama.Model``).
+def sampler_specs(p: SamplingParams, *, n_vocab: int, eog_tokens: Callable[[], list[int]]) -> list[SamplerSpec]:
+    """The native sampler chain for `p`, as data, in llama.cpp's default order.
 
-    The order follows llama.cpp's default: logit bias, grammar, penalties, DRY,
-    then top-k, typical, top-p, min-p, XTC, temperature and the random draw
-    (or greedy at temperature 0, or mirostat).
+    Logit bias, grammar, penalties, DRY, then top-k, typical, top-p, min-p, XTC,
+    temperature and the random draw (or greedy at temperature 0, or mirostat).
+    `p` must have a concrete seed (``with_seed``).
     """
-    from infer.runtime.llama import C, SamplerChain, SamplerStep
-
-    if p.seed is None:
-        p = p.with_seed()
     seed = p.seed
-    steps: list[SamplerStep] = []
+    specs: list[SamplerSpec] = []
     biases = list(p.logit_bias)
     for token, _ in biases:
-        if token >= model.n_vocab:
-            raise UsageError(
-                f"logit bias token id {token} is outside the vocabulary of {model.n_vocab}"
-            )
+        if token >= n_vocab:
+            raise UsageError(f"logit bias token id {token} is outside the vocabulary of {n_vocab}")
     if p.ignore_eos:  # as llama.cpp does: end-of-generation tokens can never be drawn
-        biases += [(token, -math.inf) for token in model.eog_tokens()]
+        biases += [(token, -math.inf) for token in eog_tokens()]
     if biases:
-        arr = (C.llama_logit_bias * len(biases))()
-        for i, (token, bias) in enumerate(biases):
-            arr[i].token = token
-            arr[i].bias = bias
-        steps.append(SamplerStep("logit bias", lambda: C.llama_sampler_init_logit_bias(
-            model.n_vocab, len(biases), arr)))
-    grammar = p.effective_grammar
-    if grammar is not None:
-        steps.append(SamplerStep("grammar", lambda: C.llama_sampler_init_grammar(
-            model.vocab, grammar.encode("utf-8"), b"root"), capture_stderr=True))
+        specs.append(SamplerSpec("logit_bias", (tuple(biases),)))
+    if p.effective_grammar is not None:
+        specs.append(SamplerSpec("grammar", (p.effective_grammar,)))
     if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-        steps.append(SamplerStep("penalties", lambda: C.llama_sampler_init_penalties(
-            p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)))
+        specs.append(SamplerSpec("penalties", (p.repeat_last_n, p.repeat_penalty,
+                                               p.frequency_penalty, p.presence_penalty)))
     if p.dry_multiplier > 0:
-        breakers = [b.encode("utf-8") for b in p.dry_sequence_breakers]
-        arr_b = (ctypes.c_char_p * len(breakers))(*breakers)
-        steps.append(SamplerStep("DRY", lambda: C.llama_sampler_init_dry(
-            model.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
-            p.dry_penalty_last_n, arr_b, len(breakers))))
+        specs.append(SamplerSpec("dry", (p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                                         p.dry_penalty_last_n, p.dry_sequence_breakers)))
     if p.temperature <= 0:
-        steps.append(SamplerStep("greedy", C.llama_sampler_init_greedy))
-    elif p.mirostat == 1:
-        steps.append(SamplerStep("temperature", lambda: C.llama_sampler_init_temp(p.temperature)))
-        steps.append(SamplerStep("mirostat", lambda: C.llama_sampler_init_mirostat(
-            model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)))
-    elif p.mirostat == 2:
-        steps.append(SamplerStep("temperature", lambda: C.llama_sampler_init_temp(p.temperature)))
-        steps.append(SamplerStep("mirostat v2", lambda: C.llama_sampler_init_mirostat_v2(
-            seed, p.mirostat_tau, p.mirostat_eta)))
-    else:
-        if p.top_k > 0:
-            steps.append(SamplerStep("top-k", lambda: C.llama_sampler_init_top_k(p.top_k)))
-        if p.typical_p < 1:
-            steps.append(SamplerStep("typical", lambda: C.llama_sampler_init_typical(p.typical_p, 1)))
-        if p.top_p < 1:
-            steps.append(SamplerStep("top-p", lambda: C.llama_sampler_init_top_p(p.top_p, 1)))
-        if p.min_p > 0:
-            steps.append(SamplerStep("min-p", lambda: C.llama_sampler_init_min_p(p.min_p, 1)))
-        if p.xtc_probability > 0:
-            steps.append(SamplerStep("XTC", lambda: C.llama_sampler_init_xtc(
-                p.xtc_probability, p.xtc_threshold, 1, seed)))
-        steps.append(SamplerStep("temperature", lambda: C.llama_sampler_init_temp(p.temperature)))
-        steps.append(SamplerStep("dist", lambda: C.llama_sampler_init_dist(seed)))
-    return SamplerChain(steps)
+        return [*specs, SamplerSpec("greedy")]
+    if p.mirostat == 1:
+        return [*specs, SamplerSpec("temp", (p.temperature,)),
+                SamplerSpec("mirostat", (n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100))]
+    if p.mirostat == 2:
+        return [*specs, SamplerSpec("temp", (p.temperature,)),
+                SamplerSpec("mirostat_v2", (seed, p.mirostat_tau, p.mirostat_eta))]
+    if p.top_k > 0:
+        specs.append(SamplerSpec("top_k", (p.top_k,)))
+    if p.typical_p < 1:
+        specs.append(SamplerSpec("typical", (p.typical_p, 1)))
+    if p.top_p < 1:
+        specs.append(SamplerSpec("top_p", (p.top_p, 1)))
+    if p.min_p > 0:
+        specs.append(SamplerSpec("min_p", (p.min_p, 1)))
+    if p.xtc_probability > 0:
+        specs.append(SamplerSpec("xtc", (p.xtc_probability, p.xtc_threshold, 1, seed)))
+    return [*specs, SamplerSpec("temp", (p.temperature,)), SamplerSpec("dist", (seed,))]
+
+
+def build_sampler_chain(p: SamplingParams, model: Model) -> SamplerChain:
+    """The native sampler chain for `p` on `model`."""
+    p = p.with_seed()
+    return SamplerChain(model, sampler_specs(p, n_vocab=model.n_vocab, eog_tokens=model.eog_tokens))

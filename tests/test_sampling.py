@@ -105,3 +105,26 @@ def test_logit_bias_parsing():
     assert parse_logit_bias("2-inf") == (2, float("-inf"))
     with pytest.raises(UsageError):
         parse_logit_bias("+1")
+
+
+def kinds(p: SamplingParams) -> list[str]:
+    from infer.runtime.sampling import sampler_specs
+
+    return [s.kind for s in sampler_specs(p.with_seed(), n_vocab=100, eog_tokens=lambda: [2])]
+
+
+def test_default_chain_follows_llama_cpp_order():
+    assert kinds(SamplingParams()) == ["top_k", "top_p", "min_p", "temp", "dist"]
+
+
+def test_chain_includes_every_sampler_that_is_switched_on():
+    p = SamplingParams(logit_bias=((5, 1.0),), grammar='root ::= "a"', repeat_penalty=1.1,
+                       dry_multiplier=0.8, typical_p=0.9, xtc_probability=0.5)
+    assert kinds(p) == ["logit_bias", "grammar", "penalties", "dry", "top_k", "typical", "top_p",
+                        "min_p", "xtc", "temp", "dist"]
+
+
+def test_greedy_and_mirostat_replace_the_random_draw():
+    assert kinds(SamplingParams(temperature=0)) == ["greedy"]
+    assert kinds(SamplingParams(mirostat=2)) == ["temp", "mirostat_v2"]
+    assert kinds(SamplingParams(temperature=0, ignore_eos=True)) == ["logit_bias", "greedy"]
