@@ -73,7 +73,6 @@ def run(
 
 def execute(flags: Mapping[str, Any]) -> None:
     from infer.quant.registry import resolve_model
-    from infer.runtime.prompt import chat_prompt, raw_prompt
     from infer.runtime.sampling import SamplingParams, model_sampling_defaults
     from infer.runtime.session import Session
 
@@ -90,7 +89,15 @@ def execute(flags: Mapping[str, Any]) -> None:
     text = combine_prompt(flags["prompt"], sys.stdin.buffer, sys.stdin.isatty())
 
     resolved = resolve_model(flags["model"])
-    with Session.open(resolved.path, cparams) as session:
+    loaded = Session.open_in_background(resolved.path, cparams)
+    # While llama.cpp loads the model: import the template machinery (Jinja).
+    from infer.quant.paths import infer_home
+    from infer.runtime.prompt import chat_prompt, raw_prompt
+    from infer.runtime.template import use_compiled_cache
+
+    use_compiled_cache(infer_home() / "cache" / "templates")
+
+    with loaded() as session:
         if flags["raw"]:
             if not text:
                 raise UsageError("the prompt is empty")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from infer.runtime.errors import ContextOverflowError
 from infer.runtime.llama import Batch, Context, Model
@@ -95,6 +95,36 @@ class Session:
             model.close()
             raise
         return cls(model, context, load_ms=(time.perf_counter() - t0) * 1000)
+
+    @classmethod
+    def open_in_background(cls, path: str | Path,
+                           params: ContextParams | None = None) -> Callable[[], Session]:
+        """Start loading in a thread; return a function that waits for the Session.
+
+        llama.cpp releases the GIL while it loads, so a one-shot run can import and
+        compile its chat template meanwhile instead of after. Errors are raised by the
+        returned function.
+        """
+        import threading
+
+        outcome: list[Any] = []
+
+        def load() -> None:
+            try:
+                outcome.append(cls.open(path, params))
+            except BaseException as e:  # handed to the waiting caller
+                outcome.append(e)
+
+        thread = threading.Thread(target=load, name="infer-load", daemon=True)
+        thread.start()
+
+        def wait() -> Session:
+            thread.join()
+            if isinstance(outcome[0], BaseException):
+                raise outcome[0]
+            return outcome[0]
+
+        return wait
 
     def close(self) -> None:
         self._batch.close()

@@ -9,10 +9,12 @@ Hugging Face's ``apply_chat_template`` does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import jinja2
 from jinja2 import nodes
@@ -62,12 +64,45 @@ class _StrictSandbox(ImmutableSandboxedEnvironment):
         )
 
 
+class _SourceLoader(jinja2.BaseLoader):
+    """Templates by the hash of their source, so Jinja's bytecode cache can key on it."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, str] = {}
+
+    def get_source(self, environment: Any, name: str) -> tuple[str, None, Callable[[], bool]]:
+        return self.sources[name], None, lambda: True
+
+
+_cache_dir: Path | None = None
+
+
+def use_compiled_cache(directory: Path | None) -> None:
+    """Keep compiled templates in `directory`, so that each process does not compile again.
+
+    Compiling a real chat template takes 10-30 ms, a noticeable share of a one-shot run.
+    """
+    global _cache_dir
+    _cache_dir = directory
+    _environment.cache_clear()
+    _compile.cache_clear()
+
+
 @lru_cache(maxsize=1)
 def _environment() -> _StrictSandbox:
+    cache = None
+    if _cache_dir is not None:
+        try:
+            _cache_dir.mkdir(parents=True, exist_ok=True)
+            cache = jinja2.FileSystemBytecodeCache(str(_cache_dir))
+        except OSError:
+            cache = None  # an unwritable cache folder only costs compile time
     env = _StrictSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=["jinja2.ext.loopcontrols", _GenerationTag],
+        loader=_SourceLoader(),
+        bytecode_cache=cache,
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -77,8 +112,11 @@ def _environment() -> _StrictSandbox:
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
+    env = _environment()
+    name = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    env.loader.sources[name] = source  # type: ignore[union-attr]
     try:
-        return _environment().from_string(source)
+        return env.get_template(name)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"the chat template has a syntax error on line {e.lineno}: {e.message}") from None
     except SecurityError as e:

@@ -66,3 +66,14 @@ def test_template_helpers_work():
 def test_raise_exception_is_a_template_error():
     with pytest.raises(TemplateError, match="refused"):
         render("{{ raise_exception('nope') }}", CONVERSATION[1:2])
+
+
+def test_compiled_templates_are_cached_across_runs(tiny_qwen, infer_home):
+    from conftest import run_cli
+
+    first = run_cli("run", tiny_qwen, "Hi", "--show-prompt")
+    cached = list((infer_home / "cache" / "templates").iterdir())
+    assert len(cached) == 1
+    second = run_cli("run", tiny_qwen, "Hi", "--show-prompt")
+    assert second.stdout == first.stdout
+    assert list((infer_home / "cache" / "templates").iterdir()) == cached
