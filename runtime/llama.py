@@ -58,6 +58,7 @@ C: Any = load_bindings_module("llama_cpp")
 # ggml log levels (ggml.h) -> Python logging levels.
 _LOG_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _last_level = logging.INFO
+_errors: list[str] = []  # llama.cpp's error lines since the last take_errors()
 
 
 @C.llama_log_callback
@@ -66,8 +67,19 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     # GGML_LOG_LEVEL_CONT (5) continues the previous line at its level.
     py_level = _last_level if level == 5 else _LOG_LEVELS.get(level, logging.INFO)
     _last_level = py_level
+    line = text.decode("utf-8", "replace").rstrip("\n")
+    if py_level >= logging.ERROR:
+        del _errors[:-8]
+        _errors.append(line)
     if log.isEnabledFor(py_level):
-        log.log(py_level, "%s", text.decode("utf-8", "replace").rstrip("\n"))
+        log.log(py_level, "%s", line)
+
+
+def take_errors() -> str:
+    """The error lines llama.cpp logged since the last call, joined, for an error message."""
+    text = " ".join(" ".join(e.split()) for e in _errors)
+    _errors.clear()
+    return text
 
 
 @lru_cache(maxsize=None)
@@ -132,12 +144,12 @@ class Model:
         mparams.n_gpu_layers = n_gpu_layers
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if use_mmap else C.LLAMA_LOAD_MODE_NONE
         mparams.vocab_only = vocab_only
+        take_errors()
         self._ptr = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._ptr:
-            raise ModelError(
-                f"{self.path}: llama.cpp could not load the model "
-                "(unsupported architecture or corrupt tensors; run with -v for details)"
-            )
+            reason = take_errors().split("error loading model: ")[-1].split(" llama_model_load")[0]
+            raise ModelError(f"{self.path}: llama.cpp could not load the model: "
+                             f"{reason or 'unsupported or corrupt (run with -v for details)'}")
         self.vocab = C.llama_model_get_vocab(self._ptr)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = C.llama_model_n_ctx_train(self._ptr)

@@ -124,3 +124,28 @@ def test_a_changed_file_is_checked_again(tiny_spm, tmp_path):
     data = copy.read_bytes()
     copy.write_bytes(data[:-1000])  # same path, new size and mtime
     assert_one_line_error(run_cli("run", copy, "hi"), 3, "past the end")
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    path = tmp_path / "alien.gguf"
+    w = GGUFWriter(path, "no-such-arch")
+    w.add_tensor("token_embd.weight", np.ones((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert_one_line_error(run_cli("run", path, "hi"), 3, "unknown model architecture", "no-such-arch")
+
+
+def test_missing_tensor_is_named(tmp_path):
+    path = tmp_path / "hollow.gguf"
+    w = GGUFWriter(path, "llama")
+    w.add_uint32("llama.context_length", 64)
+    w.add_tensor("output_norm.weight", np.ones((8,), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = run_cli("run", path, "hi")
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
