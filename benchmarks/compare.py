@@ -110,9 +110,7 @@ def run_llama_cpp_python(model: str, n_prompt: int, n_gen: int, reps: int, threa
         llm.reset()
         llm.eval(prompt[:1])
         t0 = time.perf_counter()
-        n = 0
-        for _tok in llm.generate([], temp=0.0, reset=False):
-            n += 1
+        for n, _tok in enumerate(llm.generate([], temp=0.0, reset=False), start=1):
             if n == n_gen:
                 break
         if rep:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import typer
 
@@ -16,10 +17,10 @@ from infer.runtime.errors import UsageError
 def bench(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="A .gguf file.", show_default=False)],
-    n_prompt: Annotated[list[int], typer.Option("-p", "--n-prompt",
-                                                help="Prompt sizes to prefill; repeatable.")] = [512],
-    n_gen: Annotated[list[int], typer.Option("-n", "--n-gen",
-                                             help="Token counts to generate; repeatable.")] = [128],
+    n_prompt: Annotated[list[int] | None, typer.Option(
+        "-p", "--n-prompt", help="Prompt sizes to prefill (default 512); repeatable.")] = None,
+    n_gen: Annotated[list[int] | None, typer.Option(
+        "-n", "--n-gen", help="Token counts to generate (default 128); repeatable.")] = None,
     repetitions: Annotated[int, typer.Option("-r", "--repetitions")] = 5,
     json_output: Annotated[bool, typer.Option("--json", help="Results as JSON.")] = False,
     threads: o.Threads = None,
@@ -41,9 +42,10 @@ def execute(flags: Mapping[str, Any]) -> None:
     from infer.runtime.bench import bench_decode, bench_prefill
     from infer.runtime.session import Session
 
+    flags = {**flags, "n_prompt": flags["n_prompt"] or [512], "n_gen": flags["n_gen"] or [128]}
     if flags["repetitions"] < 1:
         raise UsageError(f"repetitions must be at least 1, got {flags['repetitions']}")
-    sizes = [n for n in [*flags["n_prompt"], *flags["n_gen"]]]
+    sizes = [*flags["n_prompt"], *flags["n_gen"]]
     if any(n < 1 for n in sizes):
         raise UsageError("prompt sizes and generated token counts must be at least 1")
     needed = max(sizes) + 1
@@ -54,7 +56,7 @@ def execute(flags: Mapping[str, Any]) -> None:
         if needed > session.n_ctx:
             raise UsageError(f"a test of {needed - 1} tokens does not fit the context of "
                              f"{session.n_ctx} tokens (raise -c/--ctx-size)")
-        info = {"model": resolved.reference, "description": session.model.description(),
+        info: dict[str, Any] = {"model": resolved.reference, "description": session.model.description(),
                 "params": session.model.n_params, "threads": session.context.n_threads}
         for n in flags["n_prompt"]:
             results.append(bench_prefill(session, n, flags["repetitions"]))

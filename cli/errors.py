@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 from infer.runtime.errors import (
     InferError,
@@ -101,7 +102,7 @@ def guarded(func: Callable[[], int | None]) -> NoReturn:
         code = EXIT_OK
     except SystemExit:
         raise
-    except BaseException as e:  # noqa: BLE001 - this is the top of the program
+    except BaseException as e:
         code = exit_code_for(e)
         if code == EXIT_INTERNAL and not isinstance(e, InferError):
             if debug_enabled():

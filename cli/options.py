@@ -8,8 +8,9 @@ parameter list is ever written out twice.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -21,79 +22,79 @@ CONTEXT = "Context and hardware"
 OUTPUT = "Output"
 
 # --- sampling ---------------------------------------------------------------
-MaxTokens = Annotated[Optional[int], typer.Option(
+MaxTokens = Annotated[int | None, typer.Option(
     "-n", "--max-tokens", help="Tokens to generate at most (-1: until the end or a full context).",
     rich_help_panel=SAMPLING)]
-Temperature = Annotated[Optional[float], typer.Option(
+Temperature = Annotated[float | None, typer.Option(
     "--temp", "--temperature", help="Temperature; 0 is greedy and deterministic.",
     rich_help_panel=SAMPLING)]
-TopK = Annotated[Optional[int], typer.Option("--top-k", help="Top-k sampling (0: off).",
+TopK = Annotated[int | None, typer.Option("--top-k", help="Top-k sampling (0: off).",
                                              rich_help_panel=SAMPLING)]
-TopP = Annotated[Optional[float], typer.Option("--top-p", help="Top-p (nucleus) sampling, in (0, 1].",
+TopP = Annotated[float | None, typer.Option("--top-p", help="Top-p (nucleus) sampling, in (0, 1].",
                                                rich_help_panel=SAMPLING)]
-MinP = Annotated[Optional[float], typer.Option("--min-p", help="Min-p sampling, in [0, 1].",
+MinP = Annotated[float | None, typer.Option("--min-p", help="Min-p sampling, in [0, 1].",
                                                rich_help_panel=SAMPLING)]
-TypicalP = Annotated[Optional[float], typer.Option("--typical-p", "--typical",
+TypicalP = Annotated[float | None, typer.Option("--typical-p", "--typical",
                                                    help="Locally typical sampling, in (0, 1].",
                                                    rich_help_panel=SAMPLING)]
-RepeatPenalty = Annotated[Optional[float], typer.Option(
+RepeatPenalty = Annotated[float | None, typer.Option(
     "--repeat-penalty", help="Penalize repeated tokens (1.0: off).", rich_help_panel=SAMPLING)]
-RepeatLastN = Annotated[Optional[int], typer.Option(
+RepeatLastN = Annotated[int | None, typer.Option(
     "--repeat-last-n", help="Window of the repeat penalty in tokens (-1: whole context).",
     rich_help_panel=SAMPLING)]
-PresencePenalty = Annotated[Optional[float], typer.Option("--presence-penalty",
+PresencePenalty = Annotated[float | None, typer.Option("--presence-penalty",
                                                           rich_help_panel=SAMPLING)]
-FrequencyPenalty = Annotated[Optional[float], typer.Option("--frequency-penalty",
+FrequencyPenalty = Annotated[float | None, typer.Option("--frequency-penalty",
                                                            rich_help_panel=SAMPLING)]
-Seed = Annotated[Optional[int], typer.Option(
+Seed = Annotated[int | None, typer.Option(
     "--seed", help="Random seed (-1: random). The same seed gives the same text.",
     rich_help_panel=SAMPLING)]
-Mirostat = Annotated[Optional[int], typer.Option("--mirostat", help="Mirostat: 0 off, 1 or 2.",
+Mirostat = Annotated[int | None, typer.Option("--mirostat", help="Mirostat: 0 off, 1 or 2.",
                                                  rich_help_panel=SAMPLING)]
-MirostatLr = Annotated[Optional[float], typer.Option("--mirostat-lr", help="Mirostat eta.",
+MirostatLr = Annotated[float | None, typer.Option("--mirostat-lr", help="Mirostat eta.",
                                                      rich_help_panel=SAMPLING)]
-MirostatEnt = Annotated[Optional[float], typer.Option("--mirostat-ent", help="Mirostat tau.",
+MirostatEnt = Annotated[float | None, typer.Option("--mirostat-ent", help="Mirostat tau.",
                                                       rich_help_panel=SAMPLING)]
-DryMultiplier = Annotated[Optional[float], typer.Option("--dry-multiplier",
+DryMultiplier = Annotated[float | None, typer.Option("--dry-multiplier",
                                                         help="DRY repetition penalty (0: off).",
                                                         rich_help_panel=SAMPLING)]
-DryBase = Annotated[Optional[float], typer.Option("--dry-base", rich_help_panel=SAMPLING)]
-DryAllowedLength = Annotated[Optional[int], typer.Option("--dry-allowed-length",
+DryBase = Annotated[float | None, typer.Option("--dry-base", rich_help_panel=SAMPLING)]
+DryAllowedLength = Annotated[int | None, typer.Option("--dry-allowed-length",
                                                          rich_help_panel=SAMPLING)]
-DryPenaltyLastN = Annotated[Optional[int], typer.Option("--dry-penalty-last-n",
+DryPenaltyLastN = Annotated[int | None, typer.Option("--dry-penalty-last-n",
                                                         rich_help_panel=SAMPLING)]
-DrySequenceBreaker = Annotated[Optional[list[str]], typer.Option(
+DrySequenceBreaker = Annotated[list[str] | None, typer.Option(
     "--dry-sequence-breaker", help="Repeatable; 'none' clears the defaults.",
     rich_help_panel=SAMPLING)]
-XtcProbability = Annotated[Optional[float], typer.Option("--xtc-probability",
+XtcProbability = Annotated[float | None, typer.Option("--xtc-probability",
                                                          rich_help_panel=SAMPLING)]
-XtcThreshold = Annotated[Optional[float], typer.Option("--xtc-threshold", rich_help_panel=SAMPLING)]
-LogitBias = Annotated[Optional[list[str]], typer.Option(
+XtcThreshold = Annotated[float | None, typer.Option("--xtc-threshold", rich_help_panel=SAMPLING)]
+LogitBias = Annotated[list[str] | None, typer.Option(
     "--logit-bias", help="TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf; repeatable.",
     rich_help_panel=SAMPLING)]
-Stop = Annotated[Optional[list[str]], typer.Option(
+Stop = Annotated[list[str] | None, typer.Option(
     "--stop", help="Stop before this text (not printed); repeatable.", rich_help_panel=SAMPLING)]
-Grammar = Annotated[Optional[str], typer.Option("--grammar", help="A GBNF grammar the output must follow.",
+Grammar = Annotated[str | None, typer.Option("--grammar", help="A GBNF grammar the output must follow.",
                                                 rich_help_panel=SAMPLING)]
-GrammarFile = Annotated[Optional[Path], typer.Option("--grammar-file", rich_help_panel=SAMPLING)]
-JsonSchema = Annotated[Optional[str], typer.Option(
+GrammarFile = Annotated[Path | None, typer.Option("--grammar-file", rich_help_panel=SAMPLING)]
+JsonSchema = Annotated[str | None, typer.Option(
     "--json-schema", help="A JSON schema the output must follow: inline JSON or @file.",
     rich_help_panel=SAMPLING)]
 IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.",
                                          rich_help_panel=SAMPLING)]
 
 # --- context and hardware ---------------------------------------------------
-CtxSize = Annotated[Optional[int], typer.Option(
+CtxSize = Annotated[int | None, typer.Option(
     "-c", "--ctx-size", help="Context size in tokens (default: the model's, at most 4096).",
     rich_help_panel=CONTEXT)]
 BatchSize = Annotated[int, typer.Option("-b", "--batch-size", help="Prompt tokens per decode call.",
                                         rich_help_panel=CONTEXT)]
 UbatchSize = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.",
                                          rich_help_panel=CONTEXT)]
-Threads = Annotated[Optional[int], typer.Option("-t", "--threads",
+Threads = Annotated[int | None, typer.Option("-t", "--threads",
                                                 help="CPU threads (default: physical cores).",
                                                 rich_help_panel=CONTEXT)]
-GpuLayers = Annotated[Optional[int], typer.Option(
+GpuLayers = Annotated[int | None, typer.Option(
     "-ngl", "--gpu-layers", "--n-gpu-layers",
     help="Layers to offload to the GPU (-1: all; default: all when a GPU backend is built in).",
     rich_help_panel=CONTEXT)]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -19,11 +20,11 @@ from infer.runtime.errors import UsageError
 def run(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="A .gguf file.", show_default=False)],
-    prompt: Annotated[Optional[str], typer.Argument(
+    prompt: Annotated[str | None, typer.Argument(
         help="The prompt. Piped stdin comes first; '-' means stdin alone.", show_default=False)] = None,
-    system: Annotated[Optional[str], typer.Option("-s", "--system", help="System prompt.")] = None,
+    system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
-    chat_template_file: Annotated[Optional[Path], typer.Option(
+    chat_template_file: Annotated[Path | None, typer.Option(
         "--chat-template-file", help="A Jinja chat template to use instead of the model's.")] = None,
     show_prompt: Annotated[bool, typer.Option(
         "--show-prompt", help="Print the rendered prompt and exit.")] = False,

@@ -12,6 +12,7 @@ padding to ``general.alignment``, then the tensor data.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -250,7 +251,7 @@ def _check_tensor_layout(
             )
         tensors.append(TensorInfo(name, shape, ggml_type, start, nbytes))
     ordered = sorted(tensors, key=lambda t: t.offset)
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in itertools.pairwise(ordered):
         if a.offset + a.nbytes > b.offset:
             raise r.fail(f"tensors {a.name} and {b.name} overlap")
     return tuple(tensors)

@@ -9,6 +9,7 @@ Resolution order (each kind slots in here):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -76,10 +77,8 @@ def verify_gguf(path: Path) -> None:
     memo[key] = stamp
     while len(memo) > _MEMO_MAX:
         memo.pop(next(iter(memo)))
-    try:
+    with contextlib.suppress(OSError):  # a read-only home only costs the next run a full check
         write_atomic(memo_path, json.dumps(memo).encode())
-    except OSError:
-        pass  # a read-only home only costs the next run a full check
 
 
 def _read_memo(memo_path: Path) -> dict[str, list[int]]:

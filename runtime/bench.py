@@ -64,7 +64,7 @@ def bench_decode(session: Session, n_tokens: int, repetitions: int, *, seed: int
     for rep in range(repetitions + 1):  # the first run is a warm-up
         session.context.memory_clear()
         session.tokens.clear()
-        done = [e for e in session.generate(prompt, params) if isinstance(e, Completion)][0]
+        done = next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
         if rep:
             speeds.append(done.timings.decode_tps(done.usage.completion_tokens))
     return BenchResult(f"tg{n_tokens}", n_tokens, tuple(speeds))

@@ -14,11 +14,12 @@ import logging
 import os
 import sys
 import types
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from infer.runtime.errors import LlamaError, ModelError, ResourceError, UsageError
 from infer.runtime.params import ContextParams
@@ -82,7 +83,7 @@ def take_errors() -> str:
     return text
 
 
-@lru_cache(maxsize=None)
+@cache
 def init_backend() -> None:
     """Route llama.cpp's log to ``logging`` and initialise its backends, once per process."""
     C.llama_log_set(_log_callback, ctypes.c_void_p(0))
@@ -448,10 +449,8 @@ def native_stderr_captured() -> Iterator[CapturedText]:
     import tempfile
 
     captured = CapturedText()
-    try:
+    with suppress(OSError, ValueError):
         sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
     saved = os.dup(2)
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)

@@ -11,8 +11,9 @@ and the placeholders are tokenized back as plain text afterwards.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from infer.runtime import template as chat_template
 from infer.runtime.llama import Model

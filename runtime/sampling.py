@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from infer.runtime.errors import UsageError
 from infer.runtime.llama import Model, SamplerChain, SamplerSpec, load_bindings_module
@@ -216,7 +217,8 @@ def model_sampling_defaults(meta: Callable[[str], str | None]) -> dict[str, Any]
     return out
 
 
-def sampler_specs(p: SamplingParams, *, n_vocab: int, eog_tokens: Callable[[], list[int]]) -> list[SamplerSpec]:
+def sampler_specs(p: SamplingParams, *, n_vocab: int,
+                  eog_tokens: Callable[[], list[int]]) -> list[SamplerSpec]:
     """The native sampler chain for `p`, as data, in llama.cpp's default order.
 
     Logit bias, grammar, penalties, DRY, then top-k, typical, top-p, min-p, XTC,

@@ -9,9 +9,10 @@ per token, Python makes one sample call, one piece lookup and one decode call.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from infer.runtime.errors import ContextOverflowError
 from infer.runtime.llama import Batch, Context, Model

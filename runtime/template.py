@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jinja2
 from jinja2 import nodes
@@ -47,7 +48,7 @@ def _strftime_now(fmt: str) -> str:
 class _GenerationTag(Extension):
     """`{% generation %}...{% endgeneration %}` marks assistant text for training; render as is."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 - Jinja's Extension declares it so
 
     def parse(self, parser: Any) -> nodes.Node:
         lineno = next(parser.stream).lineno

@@ -9,7 +9,7 @@ stop string. The stop string itself is never released.
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class TextStream:

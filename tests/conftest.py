@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from tiny_model import build_llama_gguf, fixtures_dir
 
 QWEN_TEMPLATE = (

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_one_line_error, run_cli
 from gguf import GGUFWriter
 
-from conftest import assert_one_line_error, run_cli
 from infer.quant.gguf_check import check_gguf
 from infer.runtime.errors import InvalidModelFileError
 

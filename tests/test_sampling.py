@@ -6,11 +6,11 @@ import json
 
 import jsonschema
 import pytest
-
 from conftest import run_cli
+from tiny_model import build_llama_gguf
+
 from infer.runtime.errors import UsageError
 from infer.runtime.sampling import SamplingParams, parse_logit_bias
-from tiny_model import build_llama_gguf
 
 SCHEMA = {
     "type": "object",

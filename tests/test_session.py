@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from conftest import run_cli
+
 from infer.runtime.prompt import chat_prompt
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Completion, Session, common_prefix_len
@@ -13,7 +14,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
 def complete(session, tokens, params=GREEDY) -> Completion:
-    return [e for e in session.generate(tokens, params) if isinstance(e, Completion)][0]
+    return next(e for e in session.generate(tokens, params) if isinstance(e, Completion))
 
 
 def test_second_turn_prefills_only_new_tokens_and_matches_a_fresh_run(tiny_qwen):
@@ -86,10 +87,9 @@ def test_ctrl_c_aborts_a_running_prefill_and_the_session_recovers(tiny_qwen):
         tokens = s.model.tokenize("word " * 3000, add_special=True, parse_special=False)
         batch = Batch(len(tokens))
         batch.set_tokens(tokens, start_pos=0)
-        with pytest.raises(KeyboardInterrupt):
-            with s.context.interruptible():
-                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while llama.cpp computes
-                s.context.decode(batch)
+        with pytest.raises(KeyboardInterrupt), s.context.interruptible():
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while llama.cpp computes
+            s.context.decode(batch)
         batch.close()
         # llama.cpp stopped early instead of finishing the 3,000-token batch.
         assert s.context.memory_seq_pos_max(0) < len(tokens) - 1

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tiny_model import fixtures_dir
 
 from infer.runtime.errors import TemplateError
 from infer.runtime.template import render
-from tiny_model import fixtures_dir
 
 CONVERSATION = [
     {"role": "system", "content": "You are a terse assistant."},

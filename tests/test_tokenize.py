@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tiny_model import fixtures_dir
 
 from infer.runtime.llama import Model
 from infer.runtime.prompt import chat_prompt, raw_prompt
-from tiny_model import fixtures_dir
 
 IM_START, IM_END = 151644, 151645  # Qwen 2's <|im_start|> and <|im_end|>
 
@@ -20,11 +20,12 @@ def qwen(tiny_qwen):
 @pytest.mark.parametrize("name", ["llama-bpe", "qwen2", "llama-spm"])
 def test_tokenizer_agrees_with_reference_vectors(name):
     vocab = fixtures_dir() / "vocab" / f"ggml-vocab-{name}.gguf"
-    inputs = vocab.with_suffix(".gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    raw = vocab.with_suffix(".gguf.inp").read_text(encoding="utf-8")
+    inputs = raw.split("\n__ggml_vocab_test__\n")[:-1]  # each string ends with the separator
     outputs = vocab.with_suffix(".gguf.out").read_text().splitlines()
     assert len(outputs) >= 30
     with Model(vocab, vocab_only=True) as model:
-        for text, expected in zip(inputs, outputs):
+        for text, expected in zip(inputs, outputs, strict=True):
             got = model.tokenize(text, add_special=False, parse_special=False)
             assert got == [int(t) for t in expected.split()], repr(text)
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter, LlamaFileType, MODEL_ARCH, MODEL_TENSOR
+from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFValueType, GGUFWriter, LlamaFileType
 from gguf.constants import TENSOR_NAMES
 
 from infer.quant.gguf_check import check_gguf
