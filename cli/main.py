@@ -56,7 +56,7 @@ app.command("bench", no_args_is_help=True)(bench)
 
 def main() -> None:
     """Console entry point: run the app, map every failure to its exit code."""
-    guarded(lambda: _invoke())
+    guarded(_invoke)
 
 
 def _invoke() -> int:
