@@ -16,7 +16,9 @@ from infer.runtime.errors import UsageError
 
 def bench(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="A .gguf file.", show_default=False)],
+    model: Annotated[str, typer.Argument(
+        help="A .gguf file, an alias from models.toml, or a Hub repo owner/repo[:QUANT].",
+        show_default=False)],
     n_prompt: Annotated[list[int] | None, typer.Option(
         "-p", "--n-prompt", help="Prompt sizes to prefill (default 512); repeatable.")] = None,
     n_gen: Annotated[list[int] | None, typer.Option(
@@ -32,13 +34,13 @@ def bench(
     cache_type_k: o.CacheTypeK = "f16",
     cache_type_v: o.CacheTypeV = "f16",
     verbose: o.Verbose = False,
+    offline: o.Offline = False,
 ) -> None:
     """Measure prefill (pp) and decode (tg) tokens per second, mean ± stddev."""
     shielded(execute, ctx.params)
 
 
 def execute(flags: Mapping[str, Any]) -> None:
-    from infer.quant.registry import resolve_model
     from infer.runtime.bench import bench_decode, bench_prefill
     from infer.runtime.session import Session
 
@@ -50,7 +52,7 @@ def execute(flags: Mapping[str, Any]) -> None:
         raise UsageError("prompt sizes and generated token counts must be at least 1")
     needed = max(sizes) + 1
     params = o.context_params({**flags, "ctx_size": flags["ctx_size"] or max(needed, 512)})
-    resolved = resolve_model(flags["model"])
+    resolved = o.resolve(flags)
     results = []
     with Session.open(resolved.path, params) as session:
         if needed > session.n_ctx:

@@ -109,6 +109,9 @@ CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v",
 NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of mapping it.",
                                       rich_help_panel=CONTEXT)]
 
+Offline = Annotated[bool, typer.Option(
+    "--offline", help="Use only models already in the cache (like HF_HUB_OFFLINE=1).")]
+
 Verbose = Annotated[bool, typer.Option("-v", "--verbose",
                                        help="Statistics and llama.cpp's log on stderr.",
                                        rich_help_panel=OUTPUT)]
@@ -125,6 +128,15 @@ _SAMPLING_FLAGS = {
     "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold",
     "ignore_eos": "ignore_eos",
 }
+
+
+def resolve(flags: Mapping[str, Any]) -> Any:
+    """The model the MODEL argument names, downloaded with progress on stderr if needed."""
+    from infer.cli.progress import DownloadProgress
+    from infer.quant.registry import resolve_model
+
+    with DownloadProgress() as progress:
+        return resolve_model(flags["model"], offline=flags.get("offline", False), progress=progress)
 
 
 def read_text_file(path: str | Path, what: str) -> str:

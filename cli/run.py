@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,7 +20,9 @@ from infer.runtime.errors import UsageError
 
 def run(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="A .gguf file.", show_default=False)],
+    model: Annotated[str, typer.Argument(
+        help="A .gguf file, an alias from models.toml, or a Hub repo owner/repo[:QUANT].",
+        show_default=False)],
     prompt: Annotated[str | None, typer.Argument(
         help="The prompt. Piped stdin comes first; '-' means stdin alone.", show_default=False)] = None,
     system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
@@ -31,6 +34,7 @@ def run(
     json_output: Annotated[bool, typer.Option(
         "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)] = False,
     verbose: o.Verbose = False,
+    offline: o.Offline = False,
     max_tokens: o.MaxTokens = None,
     temp: o.Temperature = None,
     top_k: o.TopK = None,
@@ -73,7 +77,6 @@ def run(
 
 
 def execute(flags: Mapping[str, Any]) -> None:
-    from infer.quant.registry import resolve_model
     from infer.runtime.sampling import SamplingParams, model_sampling_defaults
     from infer.runtime.session import Session
 
@@ -89,7 +92,13 @@ def execute(flags: Mapping[str, Any]) -> None:
         template = o.read_text_file(flags["chat_template_file"], "chat template file")
     text = combine_prompt(flags["prompt"], sys.stdin.buffer, sys.stdin.isatty())
 
-    resolved = resolve_model(flags["model"])
+    resolved = o.resolve(flags)
+    entry = resolved.entry  # an alias's defaults apply unless a flag says otherwise
+    if entry and entry.ctx_size and flags["ctx_size"] is None:
+        cparams = replace(cparams, n_ctx=entry.ctx_size)
+    system = flags["system"]
+    if entry and entry.system and system is None and not flags["raw"]:
+        system = entry.system
     loaded = Session.open_in_background(resolved.path, cparams)
     # While llama.cpp loads the model: import the template machinery (Jinja).
     from infer.quant.paths import infer_home
@@ -105,13 +114,16 @@ def execute(flags: Mapping[str, Any]) -> None:
             prompt = raw_prompt(session.model, text)
         else:
             messages = [{"role": "user", "content": text}]
-            if flags["system"] is not None:
-                messages.insert(0, {"role": "system", "content": flags["system"]})
+            if system is not None:
+                messages.insert(0, {"role": "system", "content": system})
             prompt = chat_prompt(session.model, messages, template=template)
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return
-        params = SamplingParams.resolve(model_sampling_defaults(session.model.meta), overrides)
+        defaults = model_sampling_defaults(session.model.meta)
+        if entry:
+            defaults.update(entry.sampling)
+        params = SamplingParams.resolve(defaults, overrides)
         completion = _generate(session, prompt.tokens, params, stream=not flags["json_output"])
     if flags["json_output"]:
         _write(json.dumps(result_json(resolved.reference, completion), ensure_ascii=False) + "\n")

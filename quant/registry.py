@@ -1,10 +1,11 @@
 """Model references: from what the user typed to a checked local GGUF file.
 
-Resolution order (each kind slots in here):
+Resolution order, first match wins:
 1. a path to a ``.gguf`` file (or the first part of a split GGUF);
 2. a path to a Hugging Face model folder (conversion comes with ``infer quantize``);
-3. an alias from ``models.toml`` and 4. a Hub reference ``owner/repo[:QUANT]``
-   (both come with the Hub issue).
+3. an alias from ``models.toml`` (shipped, overlaid by the user's);
+4. a Hub reference ``owner/repo`` or ``owner/repo:QUANT``, optionally prefixed
+   with ``hf.co/`` (downloaded into the Hugging Face cache when missing).
 """
 
 from __future__ import annotations
@@ -16,25 +17,47 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infer.quant.atomic import write_atomic
+from infer.quant.catalog import REPO_ID, CatalogEntry, load_catalog
 from infer.quant.gguf_check import check_gguf
 from infer.quant.paths import infer_home
-from infer.runtime.errors import ModelError, ModelNotFoundError
+from infer.runtime.errors import ModelError, ModelNotFoundError, UsageError
 
 _SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)
 _MEMO_NAME = "checked-gguf.json"
 _MEMO_MAX = 512
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A local GGUF file ready for the runtime, and what the user called it."""
+    """A local GGUF file ready for the runtime, what the user called it, and its alias entry."""
 
     reference: str
     path: Path
+    entry: CatalogEntry | None = None
+    repo: str | None = None
+    quant: str | None = None
 
 
-def resolve_model(reference: str) -> ResolvedModel:
-    """Turn a model reference into a checked local GGUF file, or raise a ModelError."""
+@dataclass(frozen=True)
+class HubReference:
+    repo: str
+    quant: str | None
+
+
+def parse_hub_reference(reference: str) -> HubReference | None:
+    """`owner/repo`, `owner/repo:QUANT`, with an optional `hf.co/` prefix; None if not one."""
+    text = _HUB_PREFIX.sub("", reference.strip())
+    repo, _, quant = text.partition(":")
+    if not REPO_ID.match(repo):
+        return None
+    if quant and not re.fullmatch(r"[A-Za-z0-9_-]+", quant):
+        raise UsageError(f"{reference}: {quant!r} is not a quant type such as Q4_K_M")
+    return HubReference(repo, quant or None)
+
+
+def resolve_model(reference: str, *, offline: bool = False, progress: object = None) -> ResolvedModel:
+    """Turn a model reference into a checked local GGUF file, or raise an InferError."""
     path = Path(reference).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -44,19 +67,32 @@ def resolve_model(reference: str) -> ResolvedModel:
             )
         raise ModelNotFoundError(f"{reference}: is a folder, not a GGUF model file")
     if path.is_file() or reference.endswith(".gguf"):
-        if not path.exists():
-            raise ModelNotFoundError(f"{reference}: no such file")
-        split = _SPLIT_PART.search(path.name)
-        if split and split.group(1) != "00001":
-            raise ModelError(
-                f"{reference}: this is part {int(split.group(1))} of a split GGUF; "
-                f"give the first part (-00001-of-{split.group(2)}.gguf)"
-            )
-        verify_gguf(path)
-        return ResolvedModel(reference, path.resolve())
-    raise ModelNotFoundError(
-        f"{reference}: no such model file (model aliases and Hub references are not supported yet)"
-    )
+        return ResolvedModel(reference, _local_gguf(path, reference))
+    entry = load_catalog().get(reference)
+    hub = HubReference(entry.repo, entry.quant) if entry else parse_hub_reference(reference)
+    if hub is None:
+        raise ModelNotFoundError(
+            f"{reference}: no such model file, alias or Hub repository "
+            "(aliases are listed in models.toml; Hub references look like owner/repo:Q4_K_M)"
+        )
+    from infer.quant.fetch import fetch_gguf
+
+    local, quant = fetch_gguf(hub.repo, hub.quant, offline=offline, progress=progress)
+    verify_gguf(local)
+    return ResolvedModel(reference, local, entry, hub.repo, quant)
+
+
+def _local_gguf(path: Path, reference: str) -> Path:
+    if not path.exists():
+        raise ModelNotFoundError(f"{reference}: no such file")
+    split = _SPLIT_PART.search(path.name)
+    if split and split.group(1) != "00001":
+        raise ModelError(
+            f"{reference}: this is part {int(split.group(1))} of a split GGUF; "
+            f"give the first part (-00001-of-{split.group(2)}.gguf)"
+        )
+    verify_gguf(path)
+    return path.resolve()
 
 
 def verify_gguf(path: Path) -> None:
@@ -67,7 +103,7 @@ def verify_gguf(path: Path) -> None:
     """
     st = path.stat()
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-    key = str(path.resolve())
+    key = str(path.resolve())  # in the Hugging Face cache: the blob the snapshot link names
     memo_path = infer_home() / _MEMO_NAME
     memo = _read_memo(memo_path)
     if memo.get(key) == stamp:

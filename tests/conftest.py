@@ -65,6 +65,12 @@ def infer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "infer-home"
     monkeypatch.setenv("INFER_HOME", str(home))
     monkeypatch.delenv("INFER_DEBUG", raising=False)
+    # Nothing reaches the real Hub: its cache is the test's own and its address refuses.
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     return home
 
 

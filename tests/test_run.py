@@ -179,7 +179,7 @@ def test_missing_model_file(tmp_path):
 
 
 def test_unknown_model_reference():
-    assert_one_line_error(run_cli("run", "someone/some-model", "hi"), 3, "no such model")
+    assert_one_line_error(run_cli("run", "no-such-alias", "hi"), 3, "no such model file, alias")
 
 
 def test_hf_folder_not_yet_supported(tmp_path):

@@ -1,0 +1,125 @@
+"""`models.toml`: curated model aliases, the shipped file overlaid by the user's own.
+
+The shipped file lives beside the package (``infer/models.toml``); the user's is
+``$INFER_HOME/models.toml`` and may add entries or override them key by key.
+A malformed user file is a usage error that names the file and the line.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infer.quant.paths import infer_home
+from infer.runtime.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+SHIPPED = Path(__file__).resolve().parent.parent / "models.toml"
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+ALIAS = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[a-z0-9._-]+)?$")
+
+# Sampling settings an entry may recommend (names as in infer.runtime.sampling).
+SAMPLING_KEYS = {
+    "temperature": float, "top_k": int, "top_p": float, "min_p": float, "typical_p": float,
+    "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float,
+    "frequency_penalty": float,
+}
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "repo": str, "quant": str, "source": str, "description": str, "ctx_size": int,
+    "system": str, "sampling": dict,
+}
+_REQUIRED = ("repo", "quant", "source")
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One alias: where its GGUF files are, which quant to use, and its defaults."""
+
+    alias: str
+    repo: str
+    quant: str
+    source: str
+    description: str = ""
+    ctx_size: int | None = None
+    system: str | None = None
+    sampling: dict[str, float | int] = field(default_factory=dict)
+
+
+def user_catalog_path() -> Path:
+    return infer_home() / "models.toml"
+
+
+def load_catalog(user_file: Path | None = None) -> dict[str, CatalogEntry]:
+    """Every alias: the shipped entries, then the user's file on top (key by key)."""
+    raw = _read(SHIPPED)
+    user = user_catalog_path() if user_file is None else user_file
+    overlay = _read(user) if user.is_file() else {}
+    merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in raw.items()}
+    for alias, entry in overlay.items():
+        merged[alias] = {**merged.get(alias, {}), **entry}
+    origin = {alias: (user if alias in overlay else SHIPPED) for alias in merged}
+    return {alias: _entry(alias, fields, origin[alias]) for alias, fields in merged.items()}
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot be read ({e})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: invalid TOML: {e}") from None
+    unknown = set(data) - {"models"}
+    if unknown:
+        raise UsageError(f"{path}:{_line_of(text, sorted(unknown)[0])}: unknown table "
+                         f"{sorted(unknown)[0]!r} (entries go under [models.\"ALIAS\"])")
+    models = data.get("models", {})
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        raise UsageError(f"{path}: [models] must hold one table per alias")
+    for alias, entry in models.items():
+        problem = _problem(alias, entry)
+        if problem:
+            raise UsageError(f"{path}:{_line_of(text, alias)}: model {alias!r}: {problem}")
+    return models
+
+
+def _problem(alias: str, entry: dict[str, Any]) -> str | None:
+    if not ALIAS.match(alias):
+        return "aliases are lower-case names like 'qwen2.5:1.5b' (no '/')"
+    for key, value in entry.items():
+        if key not in _FIELDS:
+            return f"unknown key {key!r} (known: {', '.join(_FIELDS)})"
+        if not isinstance(value, _FIELDS[key]) or isinstance(value, bool):
+            return f"{key} must be a {_FIELDS[key].__name__}"  # type: ignore[union-attr]
+    if "repo" in entry and not REPO_ID.match(entry["repo"]):
+        return f"repo {entry['repo']!r} is not of the form owner/name"
+    for key, value in entry.get("sampling", {}).items():
+        kind = SAMPLING_KEYS.get(key)
+        if kind is None:
+            return f"unknown sampling key {key!r} (known: {', '.join(SAMPLING_KEYS)})"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                kind is int and not isinstance(value, int)):
+            return f"sampling.{key} must be a number" + (" (an integer)" if kind is int else "")
+    return None
+
+
+def _entry(alias: str, fields: dict[str, Any], origin: Path) -> CatalogEntry:
+    missing = [k for k in _REQUIRED if k not in fields]
+    if missing:
+        raise UsageError(f"{origin}: model {alias!r} lacks {', '.join(missing)}")
+    return CatalogEntry(alias=alias, **fields)
+
+
+def _line_of(text: str, name: str) -> int:
+    """The line where the table for `name` starts (1 if it cannot be found)."""
+    pattern = re.compile(r'^\s*\[\s*models\s*\.\s*("?)' + re.escape(name) + r'\1\s*[\].]', re.M)
+    found = pattern.search(text) or re.compile(r"^\s*\[\s*" + re.escape(name) + r"\b", re.M).search(text)
+    return text.count("\n", 0, found.start()) + 1 if found else 1
