@@ -120,6 +120,7 @@ def _entry(alias: str, fields: dict[str, Any], origin: Path) -> CatalogEntry:
 
 def _line_of(text: str, name: str) -> int:
     """The line where the table for `name` starts (1 if it cannot be found)."""
-    pattern = re.compile(r'^\s*\[\s*models\s*\.\s*("?)' + re.escape(name) + r'\1\s*[\].]', re.M)
-    found = pattern.search(text) or re.compile(r"^\s*\[\s*" + re.escape(name) + r"\b", re.M).search(text)
+    pattern = re.compile(r'^[ \t]*\[[ \t]*models[ \t]*\.[ \t]*("?)' + re.escape(name) + r'\1[ \t]*[\].]',
+                         re.M)
+    found = pattern.search(text) or re.compile(r"^[ \t]*\[[ \t]*" + re.escape(name) + r"\b", re.M).search(text)
     return text.count("\n", 0, found.start()) + 1 if found else 1
