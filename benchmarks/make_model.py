@@ -2,7 +2,7 @@
 
     python benchmarks/make_model.py OUT.gguf [--embd 768 --layers 12 --ff 2048]
 
-About 180M parameters by default (the 128k-token vocabulary alone is 2 x 98M in the
+About 270M parameters by default (the 128k-token vocabulary alone is 2 x 98M in the
 embeddings and output). The F16 file is quantized to Q8_0 with llama.cpp's own
 quantizer through the bindings.
 """

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from infer.cli import __version__
+from infer.cli import __version__, models
 from infer.cli.bench import bench
 from infer.cli.errors import guarded
 from infer.cli.run import run
@@ -51,6 +51,10 @@ def root(
 
 
 app.command("run", no_args_is_help=True)(run)
+app.command("pull", no_args_is_help=True)(models.pull)
+app.command("list")(models.list_models)
+app.command("show", no_args_is_help=True)(models.show)
+app.command("rm", no_args_is_help=True)(models.rm)
 app.command("bench", no_args_is_help=True)(bench)
 
 

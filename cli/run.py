@@ -125,6 +125,10 @@ def execute(flags: Mapping[str, Any]) -> None:
             defaults.update(entry.sampling)
         params = SamplingParams.resolve(defaults, overrides)
         completion = _generate(session, prompt.tokens, params, stream=not flags["json_output"])
+    if resolved.repo is not None:
+        from infer.quant.store import record_use
+
+        record_use(resolved.path)
     if flags["json_output"]:
         _write(json.dumps(result_json(resolved.reference, completion), ensure_ascii=False) + "\n")
     if flags["verbose"]:

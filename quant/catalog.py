@@ -122,5 +122,6 @@ def _line_of(text: str, name: str) -> int:
     """The line where the table for `name` starts (1 if it cannot be found)."""
     pattern = re.compile(r'^[ \t]*\[[ \t]*models[ \t]*\.[ \t]*("?)' + re.escape(name) + r'\1[ \t]*[\].]',
                          re.M)
-    found = pattern.search(text) or re.compile(r"^[ \t]*\[[ \t]*" + re.escape(name) + r"\b", re.M).search(text)
+    bare = re.compile(r"^[ \t]*\[[ \t]*" + re.escape(name) + r"\b", re.M)
+    found = pattern.search(text) or bare.search(text)
     return text.count("\n", 0, found.start()) + 1 if found else 1

@@ -1,0 +1,163 @@
+"""`infer pull`, `list`, `show`, `rm`: getting models and seeing what is stored."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import typer
+
+from infer.cli import options as o
+from infer.cli.errors import shielded
+from infer.runtime.errors import UsageError
+
+ModelArg = Annotated[str, typer.Argument(
+    help="An alias from models.toml, a Hub repo owner/repo[:QUANT], or a .gguf file.",
+    show_default=False)]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def pull(ctx: typer.Context, model: ModelArg, offline: o.Offline = False) -> None:
+    """Download a model into the Hugging Face cache without running it; print its path."""
+    shielded(_pull, ctx.params)
+
+
+def _pull(flags: Mapping[str, Any]) -> None:
+    resolved = o.resolve(flags)
+    what = f"{resolved.repo}:{resolved.quant}" if resolved.repo else resolved.reference
+    sys.stderr.write(f"infer: {what} is ready\n")
+    sys.stdout.write(f"{resolved.path}\n")
+
+
+def list_models(ctx: typer.Context, json_output: JsonFlag = False) -> None:
+    """List the models in the Hugging Face cache."""
+    shielded(_list, ctx.params)
+
+
+def _list(flags: Mapping[str, Any]) -> None:
+    from infer.quant.store import cached_models
+
+    models = cached_models()
+    if flags["json_output"]:
+        rows = [{"alias": m.alias, "repo": m.repo, "quant": m.quant, "file": m.path.name,
+                 "size": m.size, "path": str(m.path), "parts": len(m.files),
+                 "last_used": m.last_used} for m in models]
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return
+    if not models:
+        sys.stderr.write("infer: no models yet (try `infer pull qwen2.5:0.5b`)\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("MODEL", "FILE", "QUANT", "SIZE", "LAST USED", "WHERE"):
+        table.add_column(column, no_wrap=column != "WHERE")
+    for m in models:
+        name = m.alias or m.repo
+        parts = f" (+{len(m.files) - 1} parts)" if len(m.files) > 1 else ""
+        table.add_row(name, m.path.name + parts, m.quant, _size(m.size), _ago(m.last_used),
+                      str(m.path.parent))
+    Console(soft_wrap=True).print(table)
+
+
+def show(ctx: typer.Context, model: ModelArg, json_output: JsonFlag = False,
+         template: Annotated[bool, typer.Option("--template", help="Print the whole chat template.")] = False,
+         offline: o.Offline = False) -> None:
+    """Describe a model from its GGUF header, without loading its weights."""
+    shielded(_show, ctx.params)
+
+
+def _show(flags: Mapping[str, Any]) -> None:
+    from infer.quant.describe import describe
+
+    resolved = o.resolve(flags)
+    info = describe(resolved.path)
+    if flags["template"]:
+        sys.stdout.write((info.get("chat_template") or "") + "\n")
+        return
+    if flags["json_output"]:
+        sys.stdout.write(json.dumps({"model": resolved.reference, "path": str(resolved.path), **info})
+                         + "\n")
+        return
+    template_text = info.get("chat_template") or ""
+    lines = [
+        ("model", resolved.reference), ("file", str(resolved.path)),
+        ("architecture", info["architecture"]), ("name", info.get("name") or ""),
+        ("parameters", _count(info["parameters"])), ("quantization", ", ".join(
+            f"{t} ({n})" for t, n in info["tensor_types"].items())),
+        ("context length", str(info.get("context_length") or "?")),
+        ("layers", str(info.get("layers") or "?")),
+        ("heads", f"{info.get('heads') or '?'} (KV {info.get('kv_heads') or '?'})"),
+        ("embedding", str(info.get("embedding") or "?")),
+        ("vocabulary", f"{info.get('vocab_size') or '?'} ({info.get('tokenizer') or '?'})"),
+        ("license", info.get("license") or "unknown"),
+        ("sampling", ", ".join(f"{k}={v}" for k, v in info["sampling"].items()) or "llama.cpp defaults"),
+        ("chat template", (template_text[:70].replace("\n", " ") + "…") if len(template_text) > 70
+         else template_text or "none (llama.cpp's chatml is used)"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    sys.stdout.write("".join(f"{k:<{width}}  {v}\n" for k, v in lines))
+
+
+Yes = Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")]
+
+
+def rm(ctx: typer.Context, model: ModelArg, yes: Yes = False) -> None:
+    """Remove a model's files from the Hugging Face cache (one quant; all with owner/repo)."""
+    shielded(_rm, ctx.params)
+
+
+def _rm(flags: Mapping[str, Any]) -> None:
+    from infer.quant.catalog import load_catalog
+    from infer.quant.registry import parse_hub_reference
+    from infer.quant.store import find_cached, remove
+
+    reference = flags["model"]
+    entry = load_catalog().get(reference)
+    if entry is not None:
+        repo, quant = entry.repo, entry.quant
+    else:
+        hub = parse_hub_reference(reference)
+        if hub is None:
+            raise UsageError(f"{reference}: give an alias or owner/repo[:QUANT]; "
+                             "infer does not delete files outside the Hugging Face cache")
+        repo, quant = hub.repo, hub.quant
+    models = find_cached(repo, quant)
+    total = sum(m.size for m in models)
+    names = ", ".join(f"{m.repo}:{m.quant}" for m in models)
+    if not flags["yes"]:
+        if not sys.stdin.isatty():
+            raise UsageError(f"refusing to remove {names} without confirmation: add -y")
+        answer = input(f"Remove {names} ({_size(total)})? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            sys.stderr.write("infer: nothing removed\n")
+            return
+    freed = remove(models)
+    sys.stderr.write(f"infer: removed {names} ({_size(freed)} freed)\n")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def _ago(t: float | None) -> str:
+    if t is None:
+        return "never"
+    seconds = max(0, time.time() - t)
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit} ago"
+    return "just now"
+
