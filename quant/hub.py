@@ -21,6 +21,10 @@ from infer.runtime.errors import NetworkError
 # progress(filename, bytes_done, bytes_total)
 Progress = Callable[[str, int, int], None]
 
+# huggingface_hub's first request of a process otherwise also fetches a telemetry
+# registry (a 3 s wait when the Hub is unreachable). Users can still turn it on.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
 
 class IntegrityError(NetworkError):
     """A downloaded file does not match the Hub's checksum (exit code 4)."""
@@ -71,14 +75,32 @@ def download(repo: str, files: list[RepoFile], *, offline: bool,
         if offline:
             raise NetworkError(f"{repo}: {f.path} is not in the Hugging Face cache and infer is "
                                "offline (unset HF_HUB_OFFLINE or drop --offline to download it)")
-        try:
-            local = Path(hf_hub_download(repo, f.path, tqdm_class=_progress_class(f.path, progress)))
-        except Exception as e:
-            raise hub_error(e, repo, f.path) from None
-        if f.sha256 is not None:
-            verify(local, f.sha256, repo=repo)
+        # One download per file even when several infer processes ask at once: the
+        # others wait here, then find the file in the cache.
+        with _download_lock(repo, f.path):
+            cached = try_to_load_from_cache(repo, f.path)
+            if isinstance(cached, str):
+                paths.append(Path(cached))
+                continue
+            try:
+                local = Path(hf_hub_download(repo, f.path,
+                                             tqdm_class=_progress_class(f.path, progress)))
+            except Exception as e:  # translated into infer's errors
+                raise hub_error(e, repo, f.path) from None
+            if f.sha256 is not None:
+                verify(local, f.sha256, repo=repo)
         paths.append(local)
     return paths
+
+
+def _download_lock(repo: str, filename: str) -> Any:
+    from filelock import FileLock
+    from huggingface_hub import constants
+
+    locks = Path(constants.HF_HUB_CACHE) / ".locks" / "infer"
+    locks.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(f"{repo}/{filename}".encode()).hexdigest()[:32]
+    return FileLock(str(locks / f"{name}.lock"))
 
 
 def verify(local: Path, sha256: str, *, repo: str) -> None:

@@ -97,9 +97,13 @@ def run_cli(*args: object, input: bytes | str | None = b"", timeout: float = 120
 
 
 def assert_one_line_error(result: Result, code: int, *fragments: str) -> None:
-    """The user sees exactly one line on stderr, the documented exit code, and no traceback."""
+    """The user sees exactly one line on stderr, the documented exit code, and no traceback.
+
+    Download progress lines (`infer: downloading ...`) may come before the error.
+    """
     assert result.returncode == code, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
+    lines = [line for line in result.stderr.strip().splitlines()
+             if not line.startswith("infer: downloading ")]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("infer: error:"), result.stderr
     assert "Traceback" not in result.stderr

@@ -47,6 +47,7 @@ environment variables ``HF_ENDPOINT``, ``HF_HOME``, ``HF_HUB_CACHE``, ``HF_HUB_D
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import http.server
@@ -55,6 +56,7 @@ import pathlib
 import re
 import socket
 import struct
+import sys
 import threading
 from types import TracebackType
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -134,9 +136,10 @@ class HubServer:
     def start(self) -> HubServer:
         """Bind a free port on 127.0.0.1 and serve from a daemon thread."""
         self._httpd = _Server(("127.0.0.1", 0), _Handler, self)
-        host, port = self._httpd.server_address[:2]
-        self.endpoint = f"http://{host}:{port}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hub-server", daemon=True)
+        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="hub-server", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -204,7 +207,9 @@ class HubServer:
         with self._lock:
             self._tokens[repo_id].add(token)
 
-    def cut_next_download(self, repo_id: str, filename: str, after_bytes: int, *, reset: bool = False) -> None:
+    def cut_next_download(
+        self, repo_id: str, filename: str, after_bytes: int, *, reset: bool = False
+    ) -> None:
         """Make the next GET of this file send only `after_bytes` bytes of its body, then drop the connection.
 
         By default the connection is closed normally (FIN) with the body short of its ``Content-Length``:
@@ -243,7 +248,9 @@ class HubServer:
         with self._lock:
             self.requests.append((method, path))
 
-    def _snapshot(self, repo_id: str, revision: str, authorization: str | None) -> tuple[str, dict[str, _File]]:
+    def _snapshot(
+        self, repo_id: str, revision: str, authorization: str | None
+    ) -> tuple[str, dict[str, _File]]:
         """Resolve `revision` of `repo_id` for a request, checking the gate; return (commit, files)."""
         with self._lock:
             repo = self._repos.get(repo_id)
@@ -275,7 +282,9 @@ class HubServer:
         with self._lock:
             self.ranges.append(range_header)
 
-    def _model_info(self, repo_id: str, commit: str, files: dict[str, _File], blobs: bool) -> dict[str, object]:
+    def _model_info(
+        self, repo_id: str, commit: str, files: dict[str, _File], blobs: bool
+    ) -> dict[str, object]:
         siblings: list[dict[str, object]] = []
         for name, f in files.items():
             sibling: dict[str, object] = {"rfilename": name}
@@ -345,13 +354,16 @@ class _Server(http.server.ThreadingHTTPServer):
         self.connections_lock = threading.Lock()
         super().__init__(address, handler)
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Ignore clients that hang up (the default prints a traceback); report anything else."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
     def close_connections(self) -> None:
         with self.connections_lock:
             for conn in self.connections:
-                try:
+                with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -406,7 +418,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 raise _HubError(404, None, f"Not found: {url.path}")
         except _HubError as error:
-            self._send_error(error, head)
+            self._send_error(error)
 
     def _send_json(self, payload: object, status: int = 200, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload).encode()
@@ -419,8 +431,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _send_error(self, error: _HubError, head: bool) -> None:
-        headers = {"X-Error-Message": error.message}
+    def _send_error(self, error: _HubError) -> None:
+        headers = {"X-Error-Message": error.message.encode("ascii", "backslashreplace").decode()}
         if error.code is not None:
             headers["X-Error-Code"] = error.code
         if error.commit is not None:

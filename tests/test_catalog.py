@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import assert_one_line_error, run_cli
+
 from infer.quant.catalog import SHIPPED, load_catalog
 from infer.quant.quants import PREFERENCE, choose, group_by_quant, quant_of
 from infer.quant.registry import parse_hub_reference

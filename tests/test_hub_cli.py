@@ -1,0 +1,155 @@
+"""Getting models from the Hub, through the real CLI, with a local server standing in for the Hub."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import CLI, assert_one_line_error, run_cli
+from hub_server import HubServer
+
+REPO = "acme/tiny-GGUF"
+
+
+@pytest.fixture
+def hub(tiny_spm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A Hub with one GGUF repo (two quants) whose downloads land in this test's HF cache."""
+    model = tiny_spm.read_bytes()
+    with HubServer() as server:
+        server.add_repo(REPO, {"tiny-Q8_0.gguf": model, "tiny-Q4_K_M.gguf": model,
+                               "README.md": b"# tiny\n"}, lfs_min_size=1024)
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        yield server
+
+
+def hf_cache(tmp_path: Path) -> Path:
+    return tmp_path / "hf-home" / "hub"
+
+
+def blobs(tmp_path: Path) -> list[Path]:
+    folder = hf_cache(tmp_path) / f"models--{REPO.replace('/', '--')}" / "blobs"
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+def test_run_downloads_once_then_runs_from_the_cache_and_offline(hub, tmp_path):
+    first = run_cli("run", f"{REPO}:Q8_0", "hi", "-n", "4", "--seed", "1", "--json")
+    assert first.returncode == 0, first.stderr
+    assert "downloading tiny-Q8_0.gguf" in first.stderr  # a quiet line: stderr is not a terminal
+    assert hub.downloads[(REPO, "tiny-Q8_0.gguf")] == 1
+    asked = len(hub.requests)
+    second = run_cli("run", f"{REPO}:Q8_0", "hi", "-n", "4", "--seed", "1", "--json")
+    assert json.loads(second.stdout)["text"] == json.loads(first.stdout)["text"]
+    assert len(hub.requests) == asked  # a cached model does not ask the Hub at all
+    hub.stop()
+    offline = run_cli("run", f"{REPO}:Q8_0", "hi", "-n", "4", "--seed", "1", "--json",
+                      env={"HF_HUB_OFFLINE": "1"})
+    assert offline.returncode == 0, offline.stderr
+    assert json.loads(offline.stdout)["text"] == json.loads(first.stdout)["text"]
+
+
+def test_without_quant_q4_k_m_is_chosen(hub):
+    r = run_cli("pull", REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("tiny-Q4_K_M.gguf")
+    assert hub.downloads[(REPO, "tiny-Q8_0.gguf")] == 0
+
+
+def test_hf_co_prefix_and_lower_case_quant(hub):
+    r = run_cli("pull", f"hf.co/{REPO}:q8_0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("tiny-Q8_0.gguf")
+
+
+def test_unknown_quant_lists_the_repos_quants(hub):
+    assert_one_line_error(run_cli("pull", f"{REPO}:Q2_K"), 2, "has no Q2_K file", "Q4_K_M, Q8_0")
+
+
+def test_alias_from_the_users_models_toml(hub, infer_home):
+    infer_home.mkdir(parents=True)
+    (infer_home / "models.toml").write_text(
+        f'[models."tiny:1"]\nrepo = "{REPO}"\nquant = "Q8_0"\nsource = "acme/tiny"\n'
+        'system = "Be brief."\nsampling = { temperature = 0.0 }\n')
+    a = run_cli("run", "tiny:1", "hi", "-n", "6", "--json")
+    b = run_cli("run", "tiny:1", "hi", "-n", "6", "--json")
+    assert a.returncode == 0, a.stderr
+    assert json.loads(a.stdout)["text"] == json.loads(b.stdout)["text"]  # the alias's temperature 0
+    shown = run_cli("run", "tiny:1", "hi", "--show-prompt")
+    assert "Be brief." in shown.stdout  # the alias's system prompt
+
+
+def test_tampered_download_fails_with_exit_4_and_leaves_nothing(hub, tmp_path, tiny_spm):
+    data = bytearray(tiny_spm.read_bytes())
+    data[-10] ^= 0xFF
+    hub.tamper(REPO, "tiny-Q8_0.gguf", bytes(data))
+    assert_one_line_error(run_cli("pull", f"{REPO}:Q8_0"), 4, "corrupt")
+    assert blobs(tmp_path) == []
+    snapshots = hf_cache(tmp_path) / f"models--{REPO.replace('/', '--')}" / "snapshots"
+    assert not any(p.name == "tiny-Q8_0.gguf" for p in snapshots.rglob("*"))
+
+
+def test_missing_repo_is_exit_4(hub):
+    assert_one_line_error(run_cli("pull", "acme/nothing-here"), 4, "no such repository")
+
+
+def test_gated_repo_needs_a_token(hub, tiny_spm):
+    hub.add_repo("meta/gated-GGUF", {"g-Q8_0.gguf": tiny_spm.read_bytes()}, gated=True,
+                 lfs_min_size=1024)
+    assert_one_line_error(run_cli("pull", "meta/gated-GGUF"), 4, "gated", "HF_TOKEN")
+    hub.allow_token("meta/gated-GGUF", "hf_secret")
+    r = run_cli("pull", "meta/gated-GGUF", env={"HF_TOKEN": "hf_secret"})
+    assert r.returncode == 0, r.stderr
+
+
+def test_offline_miss_names_what_is_missing(hub):
+    assert_one_line_error(run_cli("pull", f"{REPO}:Q8_0", "--offline"), 4,
+                          REPO, "not in the Hugging Face cache")
+
+
+def test_interrupted_download_leaves_no_partial_file_and_a_rerun_completes(hub, tmp_path):
+    hub.cut_next_download(REPO, "tiny-Q8_0.gguf", after_bytes=100_000, reset=True)
+    failed = run_cli("pull", f"{REPO}:Q8_0")
+    assert_one_line_error(failed, 4, "download failed")
+    assert blobs(tmp_path) == []
+    again = run_cli("pull", f"{REPO}:Q8_0")
+    assert again.returncode == 0, again.stderr
+    assert Path(again.stdout.strip()).read_bytes() == hub._file(REPO, "tiny-Q8_0.gguf").data
+
+
+def test_two_pulls_at_once_download_once(hub):
+    procs = [subprocess.Popen([*CLI, "pull", f"{REPO}:Q8_0"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
+    assert outs[0][0] == outs[1][0]
+    assert hub.downloads[(REPO, "tiny-Q8_0.gguf")] == 1
+
+
+def test_safetensors_repo_points_to_quantize(hub):
+    hub.add_repo("acme/raw", {"config.json": b"{}", "model.safetensors": b"\0" * 2048})
+    assert_one_line_error(run_cli("pull", "acme/raw"), 3, "infer quantize acme/raw")
+
+
+def test_list_show_and_rm(hub, tiny_spm):
+    assert run_cli("pull", f"{REPO}:Q8_0").returncode == 0
+    assert run_cli("run", f"{REPO}:Q8_0", "hi", "-n", "2").returncode == 0
+    rows = json.loads(run_cli("list", "--json").stdout)
+    assert [(r["repo"], r["quant"]) for r in rows] == [(REPO, "Q8_0")]
+    assert rows[0]["size"] == tiny_spm.stat().st_size
+    assert rows[0]["last_used"] is not None
+    table = run_cli("list").stdout
+    assert REPO in table and "Q8_0" in table and "tiny-Q8_0.gguf" in table
+
+    info = json.loads(run_cli("show", f"{REPO}:Q8_0", "--json").stdout)
+    assert info["architecture"] == "llama"
+    assert info["vocab_size"] == 32000
+    assert info["layers"] == 2
+    assert info["parameters"] > 0
+    assert "llama" in run_cli("show", f"{REPO}:Q8_0").stdout
+
+    refused = run_cli("rm", f"{REPO}:Q8_0")  # no terminal to confirm on
+    assert refused.returncode == 2
+    removed = run_cli("rm", f"{REPO}:Q8_0", "-y")
+    assert removed.returncode == 0, removed.stderr
+    assert json.loads(run_cli("list", "--json").stdout) == []
