@@ -153,3 +153,27 @@ def test_list_show_and_rm(hub, tiny_spm):
     removed = run_cli("rm", f"{REPO}:Q8_0", "-y")
     assert removed.returncode == 0, removed.stderr
     assert json.loads(run_cli("list", "--json").stdout) == []
+
+
+def test_split_gguf_comes_whole_and_runs(hub, models_dir):
+    from tiny_model import build_llama_gguf
+
+    first = build_llama_gguf(models_dir / "split.gguf", vocab="llama-spm", split_max_tensors=8)
+    parts = sorted(first.parent.glob("split-*-of-00003.gguf"))
+    assert len(parts) == 3
+    files = {p.name.replace("split-", "big-Q5_K_M-"): p.read_bytes() for p in parts}
+    hub.add_repo("acme/split-GGUF", files, lfs_min_size=1024)
+    r = run_cli("run", "acme/split-GGUF", "hi", "-n", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["usage"]["completion_tokens"] == 3
+    assert all(hub.downloads[("acme/split-GGUF", name)] == 1 for name in files)
+    rows = json.loads(run_cli("list", "--json").stdout)
+    assert [(row["quant"], row["parts"]) for row in rows] == [("Q5_K_M", 3)]
+
+
+def test_split_part_that_is_not_the_first_is_refused(models_dir):
+    from tiny_model import build_llama_gguf
+
+    first = build_llama_gguf(models_dir / "split2.gguf", vocab="llama-spm", split_max_tensors=8)
+    second = first.with_name(first.name.replace("00001-of", "00002-of"))
+    assert_one_line_error(run_cli("run", second, "hi"), 3, "part 2 of a split GGUF")

@@ -55,11 +55,13 @@ def build_llama_gguf(
     chat_template: str | None = None,
     sampling: dict[str, float] | None = None,
     f16: bool = False,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a random-weight llama model with a real vocabulary to `out`."""
     arch = MODEL_ARCH.LLAMA
-    tmp = out.with_name(out.name + ".tmp")
-    writer = GGUFWriter(tmp, "llama")
+    # Split files are named by the writer (OUT-00001-of-0000N.gguf); others via a temporary name.
+    tmp = out if split_max_tensors else out.with_name(out.name + ".tmp")
+    writer = GGUFWriter(tmp, "llama", split_max_tensors=split_max_tensors)
     writer.add_name(f"tiny-{vocab}")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
@@ -109,5 +111,7 @@ def build_llama_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    if split_max_tensors:
+        return sorted(out.parent.glob(f"{out.stem}-*-of-*.gguf"))[0]
     tmp.replace(out)
     return out
