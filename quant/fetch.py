@@ -1,7 +1,8 @@
-"""Get the GGUF file(s) of one quant of a Hub repository into the local cache."""
+"""Get models from a Hub repository into the local cache: one quant's GGUF file(s), or a checkpoint."""
 
 from __future__ import annotations
 
+import fnmatch
 from pathlib import Path
 
 from infer.quant import hub
@@ -49,3 +50,29 @@ def _from_cache(repo: str, quant: str | None) -> tuple[Path, str] | None:
         return None
     paths = hub.download(repo, [hub.RepoFile(p) for p in chosen.files], offline=True)
     return paths[0], chosen.quant
+
+
+# What converting a safetensors checkpoint needs, and nothing that unpickles (.bin, .pt).
+CHECKPOINT_FILES = (
+    "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+)
+
+
+def checkpoint_files(paths: list[str]) -> list[str]:
+    """The files of a repository that conversion needs (top level only)."""
+    return [p for p in paths if "/" not in p
+            and any(fnmatch.fnmatch(p, pattern) for pattern in CHECKPOINT_FILES)]
+
+
+def fetch_checkpoint(repo: str, *, offline: bool = False,
+                     progress: hub.Progress | None = None) -> Path:
+    """Download what conversion needs from a safetensors repository; return its snapshot folder."""
+    offline = hub.offline_mode(offline)
+    files = hub.list_files(repo, offline=offline)
+    wanted = [f for f in files if f.path in set(checkpoint_files([f.path for f in files]))]
+    if not any(f.path.endswith(".safetensors") for f in wanted):
+        raise ModelError(f"{repo} has no safetensors weights to convert")
+    paths = hub.download(repo, wanted, offline=offline, progress=progress)
+    return paths[0].parent

@@ -177,3 +177,22 @@ def test_split_part_that_is_not_the_first_is_refused(models_dir):
     first = build_llama_gguf(models_dir / "split2.gguf", vocab="llama-spm", split_max_tensors=8)
     second = first.with_name(first.name.replace("00001-of", "00002-of"))
     assert_one_line_error(run_cli("run", second, "hi"), 3, "part 2 of a split GGUF")
+
+
+def test_checkpoint_download_takes_only_what_conversion_needs(hub, tmp_path):
+    files = {name: b"x" * 64 for name in (
+        "config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
+        "tokenizer_config.json", "pytorch_model.bin", "consolidated.pt", "README.md",
+        "onnx/model.onnx")}
+    hub.add_repo("acme/checkpoint", files)
+    script = ("from infer.quant.fetch import fetch_checkpoint; "
+              "print(fetch_checkpoint('acme/checkpoint'))")
+    out = subprocess.run([CLI[0], "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    snapshot = Path(out.stdout.strip())
+    assert sorted(p.name for p in snapshot.iterdir()) == [
+        "config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
+        "tokenizer_config.json"]
+    assert hub.downloads[("acme/checkpoint", "pytorch_model.bin")] == 0
