@@ -7,7 +7,7 @@ from pathlib import Path
 
 from infer.quant import hub
 from infer.quant.quants import choose, group_by_quant
-from infer.runtime.errors import ModelError, NetworkError
+from infer.runtime.errors import ModelError
 
 
 def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False,
@@ -37,19 +37,14 @@ def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False,
 
 def _from_cache(repo: str, quant: str | None) -> tuple[Path, str] | None:
     """The requested quant (or, without one, the best cached quant) if all its files are cached."""
-    try:
-        files = hub.list_files(repo, offline=True)
-    except NetworkError:
-        return None
-    groups = group_by_quant([f.path for f in files])
+    cached = hub.cached_files(repo)
+    groups = group_by_quant(list(cached))
     if not groups or (quant is not None and quant.upper() not in groups):
         return None
     chosen = choose(groups, quant, repo=repo)
-    present = {f.path for f in files}
-    if not all(p in present for p in chosen.files):
+    if not all(p in cached for p in chosen.files):
         return None
-    paths = hub.download(repo, [hub.RepoFile(p) for p in chosen.files], offline=True)
-    return paths[0], chosen.quant
+    return cached[chosen.files[0]], chosen.quant
 
 
 # What converting a safetensors checkpoint needs, and nothing that unpickles (.bin, .pt).

@@ -42,15 +42,28 @@ def offline_mode(flag: bool = False) -> bool:
     return flag or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
+def cached_files(repo: str) -> dict[str, Path]:
+    """The files of `repo`'s main revision already in the cache, by repository path.
+
+    Reads the cache's documented layout (``models--owner--name/refs/main``, then
+    ``snapshots/<commit>/``) without importing huggingface_hub's HTTP stack, which
+    would cost a cached run about 0.3 s of start-up.
+    """
+    snapshot = _cached_snapshot(repo)
+    if snapshot is None:
+        return {}
+    return {str(p.relative_to(snapshot)).replace(os.sep, "/"): p
+            for p in sorted(snapshot.rglob("*")) if p.is_file()}
+
+
 def list_files(repo: str, *, offline: bool) -> list[RepoFile]:
     """The files of `repo` at its main revision: from the Hub, or from the cache when offline."""
     if offline:
-        snapshot = _cached_snapshot(repo)
-        if snapshot is None:
+        cached = cached_files(repo)
+        if not cached:
             raise NetworkError(f"{repo} is not in the Hugging Face cache and infer is offline "
                                "(unset HF_HUB_OFFLINE or drop --offline to download it)")
-        return [RepoFile(str(p.relative_to(snapshot)).replace(os.sep, "/"))
-                for p in sorted(snapshot.rglob("*")) if p.is_file()]
+        return [RepoFile(path) for path in cached]
     from huggingface_hub import HfApi
 
     try:
