@@ -19,7 +19,8 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top_level == {"infer"}  # no generic top-level names such as `cli` or `runtime`
-    assert {"infer/cli/main.py", "infer/runtime/session.py", "infer/quant/gguf_check.py"} <= set(names)
+    assert {"infer/cli/main.py", "infer/runtime/session.py", "infer/quant/gguf_check.py",
+            "infer/models.toml"} <= set(names)
 
     # A fresh environment with infer's wheel alone, next to the installed dependencies.
     venv = tmp_path / "venv"
@@ -48,3 +49,8 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path):
     where = subprocess.run([py, "-c", "import infer.cli; print(infer.cli.__file__)"], cwd=outside,
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(venv))
+    # The shipped models.toml is found by the installed package.
+    aliases = subprocess.run([py, "-c", "from infer.quant.catalog import load_catalog; "
+                              "print(len(load_catalog()))"], cwd=outside, capture_output=True,
+                             text=True, check=True).stdout
+    assert int(aliases) >= 15
