@@ -113,20 +113,15 @@ def rm(ctx: typer.Context, model: ModelArg, yes: Yes = False) -> None:
 
 def _rm(flags: Mapping[str, Any]) -> None:
     from infer.quant.catalog import load_catalog
-    from infer.quant.registry import parse_hub_reference
+    from infer.quant.registry import hub_reference_for
     from infer.quant.store import find_cached, remove
 
     reference = flags["model"]
-    entry = load_catalog().get(reference)
-    if entry is not None:
-        repo, quant = entry.repo, entry.quant
-    else:
-        hub = parse_hub_reference(reference)
-        if hub is None:
-            raise UsageError(f"{reference}: give an alias or owner/repo[:QUANT]; "
-                             "infer does not delete files outside the Hugging Face cache")
-        repo, quant = hub.repo, hub.quant
-    models = find_cached(repo, quant)
+    hub = hub_reference_for(reference, load_catalog().get(reference))
+    if hub is None:
+        raise UsageError(f"{reference}: give an alias or owner/repo[:QUANT]; "
+                         "infer does not delete files outside the Hugging Face cache")
+    models = find_cached(hub.repo, hub.quant)
     total = sum(m.size for m in models)
     names = ", ".join(f"{m.repo}:{m.quant}" for m in models)
     if not flags["yes"]:

@@ -8,20 +8,19 @@ this project's machines, against 0.1 s here.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from infer.quant.gguf_check import GGML_TYPES, GGUFInfo, check_gguf
-
-_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+from infer.quant.gguf_check import GGML_TYPES, check_gguf
+from infer.quant.quants import split_part_names
 
 
 def describe(path: Path) -> dict[str, Any]:
     """Architecture, size, quantization, shape, vocabulary, license, sampling, chat template."""
     first = check_gguf(path)
-    parts = [first, *(check_gguf(p) for p in _other_parts(path, first))]
+    others = [path.with_name(name) for name in split_part_names(path.name)[1:]]
+    parts = [first, *(check_gguf(p) for p in others)]
     meta, arch = first.metadata, first.architecture or "unknown"
 
     def arch_key(name: str) -> Any:
@@ -53,10 +52,3 @@ def describe(path: Path) -> dict[str, Any]:
         "split_parts": len(parts),
     }
 
-
-def _other_parts(path: Path, first: GGUFInfo) -> list[Path]:
-    match = _SPLIT.search(path.name)
-    if not match:
-        return []
-    total, stem = int(match.group(2)), path.name[: match.start()]
-    return [path.with_name(f"{stem}-{i:05d}-of-{match.group(2)}.gguf") for i in range(2, total + 1)]

@@ -26,7 +26,8 @@ _QUANT = re.compile(
     r"(?![A-Za-z0-9])",
     re.IGNORECASE,
 )
-_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+# The split-file convention of llama.cpp's gguf-split: NAME-00001-of-00003.gguf.
+SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class QuantFiles:
 def quant_of(path: str) -> str | None:
     """The quant type a GGUF file name announces, upper case, or None."""
     name = path.rsplit("/", 1)[-1]
-    found = _QUANT.findall(_SPLIT.sub(".gguf", name))
+    found = _QUANT.findall(SPLIT_PART.sub(".gguf", name))
     if not found:
         return None
     quant = found[-1].upper()
@@ -62,14 +63,20 @@ def group_by_quant(paths: list[str]) -> dict[str, QuantFiles]:
 
 def _ordered_parts(files: list[str]) -> list[str]:
     """One unsplit file, or every part a split file announces (present or not), in order."""
-    split = sorted(f for f in files if _SPLIT.search(f))
+    split = sorted(f for f in files if SPLIT_PART.search(f))
     if not split:
         return sorted(files)[:1]  # several unsplit files of one quant: take one, predictably
-    match = _SPLIT.search(split[0])
-    assert match is not None
-    total, width = int(match.group(2)), len(match.group(1))
-    stem = split[0][: match.start()]
-    return [f"{stem}-{i:0{width}d}-of-{match.group(2)}.gguf" for i in range(1, total + 1)]
+    return split_part_names(split[0])
+
+
+def split_part_names(any_part: str) -> list[str]:
+    """All the part names of the split file `any_part` belongs to, first to last."""
+    match = SPLIT_PART.search(any_part)
+    if match is None:
+        return [any_part]
+    total = match.group(2)
+    stem = any_part[: match.start()]
+    return [f"{stem}-{i:05d}-of-{total}.gguf" for i in range(1, int(total) + 1)]
 
 
 def choose(groups: dict[str, QuantFiles], wanted: str | None, *, repo: str) -> QuantFiles:

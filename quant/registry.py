@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +21,9 @@ from infer.quant.atomic import write_atomic
 from infer.quant.catalog import REPO_ID, CatalogEntry, load_catalog
 from infer.quant.gguf_check import check_gguf
 from infer.quant.paths import infer_home
+from infer.quant.quants import SPLIT_PART
 from infer.runtime.errors import ModelError, ModelNotFoundError, UsageError
 
-_SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)
 _MEMO_NAME = "checked-gguf.json"
 _MEMO_MAX = 512
@@ -56,7 +57,15 @@ def parse_hub_reference(reference: str) -> HubReference | None:
     return HubReference(repo, quant or None)
 
 
-def resolve_model(reference: str, *, offline: bool = False, progress: object = None) -> ResolvedModel:
+def hub_reference_for(reference: str, entry: CatalogEntry | None = None) -> HubReference | None:
+    """The Hub repository and quant an alias (`entry`) or a Hub reference names."""
+    if entry is not None:
+        return HubReference(entry.repo, entry.quant)
+    return parse_hub_reference(reference)
+
+
+def resolve_model(reference: str, *, offline: bool = False,
+                  progress: Callable[[str, int, int], None] | None = None) -> ResolvedModel:
     """Turn a model reference into a checked local GGUF file, or raise an InferError."""
     path = Path(reference).expanduser()
     if path.is_dir():
@@ -69,7 +78,7 @@ def resolve_model(reference: str, *, offline: bool = False, progress: object = N
     if path.is_file() or reference.endswith(".gguf"):
         return ResolvedModel(reference, _local_gguf(path, reference))
     entry = load_catalog().get(reference)
-    hub = HubReference(entry.repo, entry.quant) if entry else parse_hub_reference(reference)
+    hub = hub_reference_for(reference, entry)
     if hub is None:
         raise ModelNotFoundError(
             f"{reference}: no such model file, alias or Hub repository "
@@ -85,7 +94,7 @@ def resolve_model(reference: str, *, offline: bool = False, progress: object = N
 def _local_gguf(path: Path, reference: str) -> Path:
     if not path.exists():
         raise ModelNotFoundError(f"{reference}: no such file")
-    split = _SPLIT_PART.search(path.name)
+    split = SPLIT_PART.search(path.name)
     if split and split.group(1) != "00001":
         raise ModelError(
             f"{reference}: this is part {int(split.group(1))} of a split GGUF; "
