@@ -9,6 +9,7 @@ import typer
 from infer.cli import __version__, models
 from infer.cli.bench import bench
 from infer.cli.errors import guarded
+from infer.cli.quantize import quantize
 from infer.cli.run import run
 
 app = typer.Typer(
@@ -55,6 +56,7 @@ app.command("pull", no_args_is_help=True)(models.pull)
 app.command("list")(models.list_models)
 app.command("show", no_args_is_help=True)(models.show)
 app.command("rm", no_args_is_help=True)(models.rm)
+app.command("quantize", no_args_is_help=True)(quantize)
 app.command("bench", no_args_is_help=True)(bench)
 
 

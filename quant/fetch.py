@@ -69,5 +69,14 @@ def fetch_checkpoint(repo: str, *, offline: bool = False,
     wanted = [f for f in files if f.path in set(checkpoint_files([f.path for f in files]))]
     if not any(f.path.endswith(".safetensors") for f in wanted):
         raise ModelError(f"{repo} has no safetensors weights to convert")
+    # The architecture is checked before any weights are downloaded.
+    config = next((f for f in wanted if f.path == "config.json"), None)
+    if config is None:
+        raise ModelError(f"{repo} has no config.json")
+    (config_path,) = hub.download(repo, [config], offline=offline)
+    from infer.quant.convert import check_architecture
+    from infer.quant.convert.checkpoint import read_config
+
+    check_architecture(read_config(config_path.parent), repo)
     paths = hub.download(repo, wanted, offline=offline, progress=progress)
     return paths[0].parent

@@ -75,7 +75,14 @@ def resolve_model(reference: str, *, offline: bool = False,
                 "give a .gguf file"
             )
         raise ModelNotFoundError(f"{reference}: is a folder, not a GGUF model file")
-    if path.is_file() or reference.endswith(".gguf"):
+    if path.is_file() or (reference.endswith(".gguf") and "/" in reference):
+        return ResolvedModel(reference, _local_gguf(path, reference))
+    from infer.quant.build import known_output
+
+    built = known_output(reference)
+    if built is not None:  # written by `infer quantize`, run by its name
+        return ResolvedModel(reference, _local_gguf(built, reference))
+    if reference.endswith(".gguf"):
         return ResolvedModel(reference, _local_gguf(path, reference))
     entry = load_catalog().get(reference)
     hub = hub_reference_for(reference, entry)

@@ -378,6 +378,15 @@ class Context:
         if hit:
             raise KeyboardInterrupt
 
+    def logits(self, i: int) -> Any:
+        """A copy of the logits of output `i` of the last decode (a numpy float32 vector)."""
+        import numpy as np
+
+        ptr = C.llama_get_logits_ith(self._ptr, i)
+        if not ptr:
+            raise LlamaError(f"no logits for output {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
     def memory_seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end)."""
         return bool(C.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
@@ -406,7 +415,7 @@ class Batch:
         self.close()
 
     def set_tokens(self, tokens: Sequence[int], *, start_pos: int, seq_id: int = 0,
-                   logits_last: bool = True) -> None:
+                   logits_last: bool = True, logits_all: bool = False) -> None:
         """Fill the batch with one sequence's consecutive tokens starting at `start_pos`."""
         n = len(tokens)
         if n > self.capacity:
@@ -419,7 +428,7 @@ class Batch:
             pos[i] = start_pos + i
             nseq[i] = 1
             sid[i][0] = seq_id
-            logits[i] = 0
+            logits[i] = logits_all
         if logits_last and n:
             logits[n - 1] = 1
 

@@ -185,6 +185,7 @@ def test_checkpoint_download_takes_only_what_conversion_needs(hub, tmp_path):
         "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
         "tokenizer_config.json", "pytorch_model.bin", "consolidated.pt", "README.md",
         "onnx/model.onnx")}
+    files["config.json"] = b'{"architectures": ["LlamaForCausalLM"]}'
     hub.add_repo("acme/checkpoint", files)
     script = ("from infer.quant.fetch import fetch_checkpoint; "
               "print(fetch_checkpoint('acme/checkpoint'))")
@@ -196,3 +197,11 @@ def test_checkpoint_download_takes_only_what_conversion_needs(hub, tmp_path):
         "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
         "tokenizer_config.json"]
     assert hub.downloads[("acme/checkpoint", "pytorch_model.bin")] == 0
+
+
+def test_unsupported_architecture_is_refused_before_weights_download(hub):
+    hub.add_repo("acme/bert", {"config.json": b'{"architectures": ["BertModel"]}',
+                               "model.safetensors": b"\0" * 4096, "tokenizer.json": b"{}"})
+    r = run_cli("quantize", "acme/bert", "--type", "Q8_0")
+    assert_one_line_error(r, 3, "BertModel", "LlamaForCausalLM")
+    assert hub.downloads[("acme/bert", "model.safetensors")] == 0

@@ -1,0 +1,130 @@
+"""`infer quantize` as a library call: source -> (conversion) -> quantization -> a named GGUF.
+
+Sources: a Hugging Face model folder, a Hub repository with safetensors, a
+``models.toml`` alias (its source repository), or a GGUF file (re-quantized).
+Outputs go to ``$INFER_HOME/models/<Name>-<Size>-<TYPE>.gguf`` by default, where
+``infer run <Name>-<Size>-<TYPE>`` finds them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from infer.quant import quantize as q
+from infer.quant.catalog import load_catalog
+from infer.quant.convert import check_architecture, convert, size_label
+from infer.quant.convert.checkpoint import open_checkpoint, read_config
+from infer.quant.gguf_check import check_gguf
+from infer.quant.paths import infer_home
+from infer.runtime.errors import ModelNotFoundError, ResourceError
+
+# progress(stage, item, index, count): stage is "download", "convert" or "quantize"
+Progress = Callable[[str, str, int, int], None]
+_HAS_SIZE = re.compile(r"(?<![A-Za-z0-9])\d+(\.\d+)?[MBK](?![A-Za-z0-9])", re.IGNORECASE)
+
+
+def models_dir() -> Path:
+    return infer_home() / "models"
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "hf" (a checkpoint folder) or "gguf"
+    path: Path
+    repo: str | None = None
+
+
+def find_source(reference: str, *, offline: bool = False,
+                progress: Callable[[str, int, int], None] | None = None) -> Source:
+    """Where the weights to quantize come from; downloads a Hub checkpoint when needed."""
+    path = Path(reference).expanduser()
+    if path.is_dir():
+        check_architecture(read_config(path), reference)
+        return Source("hf", path)
+    if path.is_file():
+        check_gguf(path)
+        return Source("gguf", path)
+    from infer.quant.fetch import fetch_checkpoint
+    from infer.quant.registry import parse_hub_reference
+
+    entry = load_catalog().get(reference)
+    hub = parse_hub_reference(entry.source if entry else reference)
+    if hub is None:
+        raise ModelNotFoundError(f"{reference}: no such folder, GGUF file, alias or Hub repository")
+    return Source("hf", fetch_checkpoint(hub.repo, offline=offline, progress=progress), hub.repo)
+
+
+def output_name(source: Source, quant: str) -> str:
+    """`<Name>-<Size>-<TYPE>.gguf`, following the GGUF naming convention."""
+    if source.kind == "gguf":
+        meta = check_gguf(source.path).metadata
+        name = str(meta.get("general.basename") or meta.get("general.name") or source.path.stem)
+        size = str(meta.get("general.size_label") or "")
+    else:
+        name = source.repo.split("/")[-1] if source.repo else source.path.resolve().name
+        ckpt = open_checkpoint(source.path)
+        size = size_label(sum(_count(t.shape) for t in ckpt.tensors.values()))
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "model"
+    if size and not _HAS_SIZE.search(name):
+        name = f"{name}-{size}"
+    return f"{name}-{quant}.gguf"
+
+
+def build(source: Source, quant: str, out: Path | None = None, *, threads: int = 0,
+          progress: Progress | None = None) -> Path:
+    """Convert (if needed) and quantize `source` to `quant`; return the written file."""
+    quant, _ = q.file_type(quant)
+    out = out or models_dir() / output_name(source, quant)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if source.kind == "gguf":
+        return q.quantize(source.path, out, quant, threads=threads,
+                          progress=_stage(progress, "quantize"))
+    ckpt = open_checkpoint(source.path)
+    _check_space(out.parent, sum(t.data_range.size for t in ckpt.tensors.values()))
+    direct = quant if quant in ("F32", "F16", "BF16") else None
+    if direct:
+        return convert(source.path, out, out_type=direct, source_repo=source.repo,
+                       progress=_stage(progress, "convert"))
+    keep = "BF16" if ckpt.source_dtype() == "BF16" else "F32" if ckpt.source_dtype() == "F32" else "F16"
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".convert-") as tmp:
+        intermediate = convert(source.path, Path(tmp) / f"model-{keep}.gguf", out_type=keep,
+                               source_repo=source.repo, progress=_stage(progress, "convert"))
+        return q.quantize(intermediate, out, quant, threads=threads,
+                          progress=_stage(progress, "quantize"))
+
+
+def _stage(progress: Progress | None, stage: str) -> Callable[[str, int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda item, i, n: progress(stage, item, i, n)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _check_space(folder: Path, needed: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < needed * 1.1:
+        raise ResourceError(f"{folder}: {free / 1e9:.1f} GB free, about {needed / 1e9:.1f} GB needed")
+
+
+def known_output(reference: str) -> Path | None:
+    """A model `infer quantize` wrote, by its name (with or without .gguf, any case)."""
+    folder = models_dir()
+    if not folder.is_dir() or "/" in reference or "\\" in reference:
+        return None
+    wanted = reference.lower().removesuffix(".gguf")
+    for path in folder.glob("*.gguf"):
+        if path.stem.lower() == wanted:
+            return path
+    return None
+
