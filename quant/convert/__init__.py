@@ -1,0 +1,172 @@
+"""Hugging Face safetensors checkpoints to GGUF, built on the `gguf` package.
+
+``convert`` plans every output tensor from the safetensors headers, writes the
+GGUF header, metadata and tensor table, then streams the tensors one at a time
+(read by memory map, transformed, converted, written), so peak memory stays near
+the largest tensor. The file is written under a temporary name and renamed when
+complete; an error or Ctrl-C leaves nothing at the destination.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from infer.quant.convert import llama_family
+from infer.quant.convert.checkpoint import Checkpoint, open_checkpoint, read_config, read_tensor, to_bf16
+from infer.runtime.errors import ModelError, UsageError
+
+SUPPORTED_ARCHITECTURES = tuple(llama_family.FAMILIES)
+OUT_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+             "BF16": gguf.LlamaFileType.MOSTLY_BF16}
+
+# progress(tensor_name, index, count)
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    name: str  # GGUF name
+    source: str | None  # checkpoint name; None for tensors computed here
+    shape: tuple[int, ...]  # numpy order
+    out_type: str  # F32, F16 or BF16
+
+
+def check_architecture(config: dict[str, Any], where: str) -> str:
+    """The checkpoint's architecture class, if infer can convert it; else a ModelError (exit 3)."""
+    archs = config.get("architectures") or [None]
+    arch = archs[0]
+    if arch not in llama_family.FAMILIES:
+        raise ModelError(f"{where}: cannot convert architecture {arch!r}; supported: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    return str(arch)
+
+
+def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str | None = None,
+            progress: Progress | None = None) -> Path:
+    """Convert the checkpoint in `folder` to a GGUF file at `out` (F32, F16 or BF16)."""
+    out_type = out_type.upper()
+    if out_type not in OUT_TYPES:
+        raise UsageError(f"conversion writes F32, F16 or BF16, not {out_type}")
+    arch = check_architecture(read_config(folder), str(folder))
+    ckpt = open_checkpoint(folder)
+    family = llama_family.FAMILIES[arch]
+    from infer.quant.convert.tokenizer import add_vocab, load_vocab
+
+    vocab = load_vocab(folder)
+    plan, extra = _plan(ckpt, family, out_type)
+    tmp = out.with_name(f".{out.name}.partial")
+    writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[family.arch])
+    try:
+        _add_general(writer, ckpt, plan, out_type, source_repo)
+        llama_family.add_hparams(writer, ckpt.config)
+        add_vocab(writer, vocab, n_vocab=int(ckpt.config["vocab_size"]))
+        for t in plan:
+            writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32 if t.out_type == "F32" else
+                                                             np.float16 if t.out_type == "F16" else
+                                                             np.uint16),
+                                   _nbytes(t), raw_dtype=gguf.GGMLQuantizationType.BF16
+                                   if t.out_type == "BF16" else None)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for i, t in enumerate(plan):
+            data = extra[t.name] if t.source is None else llama_family.transform(
+                family, ckpt.config, t.name, read_tensor(ckpt.tensors[t.source]))
+            writer.write_tensor_data(_as_type(data, t.out_type))
+            if progress is not None:
+                progress(t.name, i + 1, len(plan))
+        writer.close()
+        tmp.replace(out)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _plan(ckpt: Checkpoint, family: llama_family.Family,
+          out_type: str) -> tuple[list[PlannedTensor], dict[str, np.ndarray]]:
+    n_layer = int(ckpt.config["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(family.arch, n_layer)
+    plan: list[PlannedTensor] = []
+    for source, tensor in ckpt.tensors.items():
+        if llama_family.ignored(source):
+            continue
+        name = names.get_name(source, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ModelError(f"{ckpt.folder}: unexpected tensor {source} for {ckpt.architecture}")
+        plan.append(PlannedTensor(name, source, tuple(tensor.shape),
+                                  "F32" if len(tensor.shape) == 1 else out_type))
+    extra = llama_family.extra_tensors(ckpt.config)
+    plan += [PlannedTensor(name, None, data.shape, "F32") for name, data in extra.items()]
+    _check_complete(ckpt, family, {t.name for t in plan}, n_layer)
+    return plan, extra
+
+
+def _check_complete(ckpt: Checkpoint, family: llama_family.Family, have: set[str], n_layer: int) -> None:
+    required = ["token_embd.weight", "output_norm.weight"]
+    per_block = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+                 "ffn_up", "ffn_down"]
+    if family.arch == gguf.MODEL_ARCH.QWEN3:
+        per_block += ["attn_q_norm", "attn_k_norm"]
+    required += [f"blk.{b}.{t}.weight" for b in range(n_layer) for t in per_block]
+    missing = [n for n in required if n not in have]
+    if missing:
+        raise ModelError(f"{ckpt.folder}: the checkpoint lacks {missing[0]}"
+                         + (f" and {len(missing) - 1} more tensors" if len(missing) > 1 else ""))
+    if "output.weight" not in have and not ckpt.config.get("tie_word_embeddings", False):
+        raise ModelError(f"{ckpt.folder}: the checkpoint lacks lm_head.weight")
+
+
+def _nbytes(t: PlannedTensor) -> int:
+    return int(np.prod(t.shape)) * (4 if t.out_type == "F32" else 2)
+
+
+def _as_type(data: np.ndarray, out_type: str) -> np.ndarray:
+    if out_type == "F32":
+        return np.ascontiguousarray(data, dtype=np.float32)
+    if out_type == "F16":
+        return np.ascontiguousarray(data, dtype=np.float16)
+    return to_bf16(data)
+
+
+def _add_general(writer: gguf.GGUFWriter, ckpt: Checkpoint, plan: list[PlannedTensor], out_type: str,
+                 source_repo: str | None) -> None:
+    name = source_repo.split("/")[-1] if source_repo else ckpt.folder.resolve().name
+    writer.add_name(name)
+    writer.add_basename(name)
+    n_params = sum(int(np.prod(t.shape)) for t in plan if t.source is not None)
+    writer.add_size_label(size_label(n_params))
+    if source_repo:
+        writer.add_source_repo_url(f"https://huggingface.co/{source_repo}")
+    writer.add_file_type(OUT_TYPES[out_type])
+    generation = ckpt.folder / "generation_config.json"
+    if generation.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            _add_sampling(writer, json.loads(generation.read_text(encoding="utf-8")))
+
+
+def _add_sampling(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
+    if not config.get("do_sample", True):
+        return
+    for key, add in (("temperature", writer.add_sampling_temp), ("top_k", writer.add_sampling_top_k),
+                     ("top_p", writer.add_sampling_top_p), ("min_p", writer.add_sampling_min_p)):
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            add(value)
+
+
+def size_label(n_params: int) -> str:
+    """`135M`, `1.5B`, `8B`: the GGUF naming convention's size part."""
+    if n_params >= 1e9:
+        return f"{n_params / 1e9:.1f}B".replace(".0B", "B")
+    return f"{round(n_params / 1e6)}M"
