@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import CLI, assert_one_line_error, run_cli
 
 

@@ -1,0 +1,142 @@
+"""Converted checkpoints compute what the original computes: llama.cpp's logits vs transformers'."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from tiny_model import fixtures_dir
+
+from infer.quant.convert import convert
+from infer.runtime.evaluate import all_logits
+from infer.runtime.params import ContextParams
+from infer.runtime.session import Session
+
+TEXT = ("The quick brown fox jumps over the lazy dog. 123 + 456 = 579; "
+        "def f(x):\n    return x ** 2  # ünïcödé, 日本語, emoji 🙂")
+
+# (architecture config class, fixture tokenizer, extra config)
+CASES = {
+    "LlamaForCausalLM": (transformers.LlamaConfig, "llama3", {"tie_word_embeddings": False}),
+    "MistralForCausalLM": (transformers.MistralConfig, "spm-32k", {"sliding_window": None}),
+    "Qwen2ForCausalLM": (transformers.Qwen2Config, "qwen3", {"vocab_size": 151936}),
+    "Qwen3ForCausalLM": (transformers.Qwen3Config, "qwen3", {"tie_word_embeddings": True,
+                                                            "head_dim": 32}),
+}
+
+
+def build_checkpoint(folder: Path, arch: str, dtype: torch.dtype = torch.float32) -> Path:
+    """A tiny random checkpoint of `arch` on a real tokenizer, saved as safetensors."""
+    config_cls, tokenizer, extra = CASES[arch]
+    tok_dir = fixtures_dir() / "tokenizers" / tokenizer
+    from tokenizers import Tokenizer
+
+    n_tokens = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    config = config_cls(**{
+        "vocab_size": n_tokens, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5, **extra})
+    config.architectures = [arch]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:  # a wrong norm convention must show
+                param.normal_(1.0, 0.2)
+    model = model.to(dtype)
+    model.save_pretrained(folder, safe_serialization=True)
+    for f in tok_dir.iterdir():
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def hf_logits(folder: Path, ids: list[int]) -> np.ndarray:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def gguf_logits(path: Path, ids: list[int]) -> np.ndarray:
+    # F32 KV cache and no flash attention: either alone rounds through F16.
+    params = ContextParams(n_ctx=512, cache_type_k="f32", cache_type_v="f32", flash_attn="off")
+    with Session.open(path, params) as session:
+        return all_logits(session, ids)
+
+
+def token_ids(folder: Path) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(TEXT).ids
+
+
+@pytest.mark.parametrize("arch", list(CASES))
+def test_converted_model_matches_transformers(arch, tmp_path):
+    folder = build_checkpoint(tmp_path / "hf", arch)
+    out = convert(folder, tmp_path / "model-f32.gguf", out_type="F32")
+    ids = token_ids(folder)
+    ours, theirs = gguf_logits(out, ids), hf_logits(folder, ids)
+    assert ours.shape == theirs.shape
+    rel = np.abs(ours - theirs).max() / np.abs(theirs).max()
+    assert rel <= 1e-5, rel
+    assert (ours.argmax(-1) == theirs.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["F16", "BF16"])
+def test_half_precision_sources_convert_exactly(dtype, tmp_path):
+    folder = build_checkpoint(tmp_path / "hf", "LlamaForCausalLM", dtype)
+    out = convert(folder, tmp_path / "model.gguf", out_type="F32")
+    ids = token_ids(folder)
+    ours, theirs = gguf_logits(out, ids), hf_logits(folder, ids)
+    rel = np.abs(ours - theirs).max() / np.abs(theirs).max()
+    assert rel <= 1e-5, rel
+
+
+def test_quantize_a_checkpoint_folder_and_run_it_by_name(tmp_path, infer_home):
+    from conftest import run_cli
+
+    folder = build_checkpoint(tmp_path / "my-tiny-qwen", "Qwen3ForCausalLM")
+    r = run_cli("quantize", folder, "--type", "Q4_K_M")
+    assert r.returncode == 0, r.stderr
+    out = infer_home / "models" / "my-tiny-qwen-10M-Q4_K_M.gguf"
+    assert r.stdout.strip() == str(out)
+    ran = run_cli("run", out.stem, "Hello", "-n", "4", "--seed", "1", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda d: (d / "config.json").write_text("{not json"), "malformed config.json"),
+    (lambda d: (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}'),
+     "no .safetensors weights"),
+    (lambda d: ((d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}'),
+                (d / "pytorch_model.bin").write_bytes(b"\x80\x04")), "never unpickles"),
+    (lambda d: (d / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}'),
+     "cannot convert architecture 'GPT2LMHeadModel'"),
+    (lambda d: None, "no config.json"),
+])
+def test_bad_checkpoint_folders_are_model_errors(tmp_path, infer_home, make, fragment):
+    from conftest import assert_one_line_error, run_cli
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    make(folder)
+    assert_one_line_error(run_cli("quantize", folder, "--type", "Q8_0"), 3, fragment)
+    assert not (infer_home / "models").exists() or list((infer_home / "models").iterdir()) == []
+
+
+def test_missing_tensor_is_named(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from infer.runtime.errors import ModelError
+
+    folder = build_checkpoint(tmp_path / "hf", "LlamaForCausalLM")
+    weights = load_file(folder / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, folder / "model.safetensors")
+    with pytest.raises(ModelError, match=r"lacks blk\.1\.ffn_up\.weight"):
+        convert(folder, tmp_path / "out.gguf", out_type="F32")
+    assert not (tmp_path / "out.gguf").exists()
