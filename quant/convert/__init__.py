@@ -19,11 +19,11 @@ from typing import Any
 import gguf
 import numpy as np
 
-from infer.quant.convert import llama_family
+from infer.quant.convert import families
 from infer.quant.convert.checkpoint import Checkpoint, open_checkpoint, read_config, read_tensor, to_bf16
 from infer.runtime.errors import ModelError, UsageError
 
-SUPPORTED_ARCHITECTURES = tuple(llama_family.FAMILIES)
+SUPPORTED_ARCHITECTURES = tuple(families.FAMILIES)
 OUT_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
              "BF16": gguf.LlamaFileType.MOSTLY_BF16}
 
@@ -43,7 +43,7 @@ def check_architecture(config: dict[str, Any], where: str) -> str:
     """The checkpoint's architecture class, if infer can convert it; else a ModelError (exit 3)."""
     archs = config.get("architectures") or [None]
     arch = archs[0]
-    if arch not in llama_family.FAMILIES:
+    if arch not in families.FAMILIES:
         raise ModelError(f"{where}: cannot convert architecture {arch!r}; supported: "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     return str(arch)
@@ -57,7 +57,7 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
         raise UsageError(f"conversion writes F32, F16 or BF16, not {out_type}")
     arch = check_architecture(read_config(folder), str(folder))
     ckpt = open_checkpoint(folder)
-    family = llama_family.FAMILIES[arch]
+    family = families.FAMILIES[arch]
     from infer.quant.convert.tokenizer import add_vocab, load_vocab
 
     vocab = load_vocab(folder)
@@ -66,7 +66,7 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
     writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[family.arch])
     try:
         _add_general(writer, ckpt, plan, out_type, source_repo)
-        llama_family.add_hparams(writer, ckpt.config)
+        families.add_hparams(writer, ckpt.config, family)
         add_vocab(writer, vocab, n_vocab=int(ckpt.config["vocab_size"]))
         for t in plan:
             writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32 if t.out_type == "F32" else
@@ -78,7 +78,7 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for i, t in enumerate(plan):
-            data = extra[t.name] if t.source is None else llama_family.transform(
+            data = extra[t.name] if t.source is None else families.transform(
                 family, ckpt.config, t.name, read_tensor(ckpt.tensors[t.source]))
             writer.write_tensor_data(_as_type(data, t.out_type))
             if progress is not None:
@@ -93,32 +93,28 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
     return out
 
 
-def _plan(ckpt: Checkpoint, family: llama_family.Family,
+def _plan(ckpt: Checkpoint, family: families.Family,
           out_type: str) -> tuple[list[PlannedTensor], dict[str, np.ndarray]]:
     n_layer = int(ckpt.config["num_hidden_layers"])
     names = gguf.get_tensor_name_map(family.arch, n_layer)
     plan: list[PlannedTensor] = []
     for source, tensor in ckpt.tensors.items():
-        if llama_family.ignored(source):
+        if families.ignored(source, ckpt.config):
             continue
         name = names.get_name(source, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ModelError(f"{ckpt.folder}: unexpected tensor {source} for {ckpt.architecture}")
         plan.append(PlannedTensor(name, source, tuple(tensor.shape),
                                   "F32" if len(tensor.shape) == 1 else out_type))
-    extra = llama_family.extra_tensors(ckpt.config)
+    extra = families.extra_tensors(ckpt.config)
     plan += [PlannedTensor(name, None, data.shape, "F32") for name, data in extra.items()]
     _check_complete(ckpt, family, {t.name for t in plan}, n_layer)
     return plan, extra
 
 
-def _check_complete(ckpt: Checkpoint, family: llama_family.Family, have: set[str], n_layer: int) -> None:
+def _check_complete(ckpt: Checkpoint, family: families.Family, have: set[str], n_layer: int) -> None:
     required = ["token_embd.weight", "output_norm.weight"]
-    per_block = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
-                 "ffn_up", "ffn_down"]
-    if family.arch == gguf.MODEL_ARCH.QWEN3:
-        per_block += ["attn_q_norm", "attn_k_norm"]
-    required += [f"blk.{b}.{t}.weight" for b in range(n_layer) for t in per_block]
+    required += [f"blk.{b}.{t}.weight" for b in range(n_layer) for t in family.block]
     missing = [n for n in required if n not in have]
     if missing:
         raise ModelError(f"{ckpt.folder}: the checkpoint lacks {missing[0]}"
