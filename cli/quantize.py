@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +24,10 @@ def quantize(
     output: Annotated[str | None, typer.Option("-o", "--output", help="Output file (default: "
                                                "INFER_HOME/models/<Name>-<Size>-<TYPE>.gguf).")] = None,
     threads: o.Threads = None,
+    check: Annotated[bool | None, typer.Option(
+        "--check/--no-check", help="Compare with the source model and print what the quant cost "
+        "(default: on when the source is F32/F16/BF16).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="The result as JSON.")] = False,
     offline: o.Offline = False,
 ) -> None:
     """Convert and quantize a model; `infer run` then finds it by its file name."""
@@ -37,13 +42,34 @@ def _quantize(flags: Mapping[str, Any]) -> None:
     quant, _ = file_type(flags["type_"])  # a bad type fails before any work
     with DownloadProgress() as downloads:
         source = find_source(flags["src"], offline=flags["offline"], progress=downloads)
-    out = build(source, quant, Path(flags["output"]) if flags["output"] else None,
-                threads=flags["threads"] or 0, progress=_report)
+    result = build(source, quant, Path(flags["output"]) if flags["output"] else None,
+                   threads=flags["threads"] or 0, check=flags["check"], progress=_report)
+    out, report = result.path, result.quality
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
-    size = out.stat().st_size
-    sys.stderr.write(f"infer: wrote {out.name} ({size / 1e6:,.1f} MB); run it with "
+    if flags["json_output"]:
+        quality = None if report is None else {
+            "size_bytes": report.size_bytes, "bits_per_weight": report.bits_per_weight,
+            "mean_kl_divergence": report.mean_kl, "top1_agreement": report.top1_agreement,
+            "tokens": report.tokens}
+        sys.stdout.write(json.dumps({"path": str(out), "type": quant, "quality": quality}) + "\n")
+        return
+    sys.stderr.write(f"infer: wrote {out.name} ({out.stat().st_size / 1e6:,.1f} MB); run it with "
                      f"`infer run {out.stem}`\n")
+    if report is not None:
+        _print_quality(quant, report)
     sys.stdout.write(f"{out}\n")
+
+
+def _print_quality(quant: str, report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{quant} against the full-precision source ({report.tokens} tokens)")
+    for column in ("size", "bits/weight", "mean KL divergence", "top-1 agreement"):
+        table.add_column(column, justify="right")
+    table.add_row(f"{report.size_bytes / 1e6:,.1f} MB", f"{report.bits_per_weight:.2f}",
+                  f"{report.mean_kl:.5f}", f"{report.top1_agreement:.1%}")
+    Console(stderr=True).print(table)
 
 
 def _report(stage: str, item: str, index: int, count: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from infer.quant import quantize as q
 from infer.quant.catalog import load_catalog
+from infer.quant.check import QualityReport, quality
 from infer.quant.convert import check_architecture, convert, size_label
 from infer.quant.convert.checkpoint import open_checkpoint, read_config
 from infer.quant.gguf_check import check_gguf
@@ -75,27 +76,47 @@ def output_name(source: Source, quant: str) -> str:
     return f"{name}-{quant}.gguf"
 
 
+@dataclass(frozen=True)
+class BuildResult:
+    path: Path
+    quality: QualityReport | None = None  # when checked against a full-precision source
+
+
+FLOAT_TYPES = frozenset({0, 1, 30})  # ggml F32, F16, BF16
+
+
 def build(source: Source, quant: str, out: Path | None = None, *, threads: int = 0,
-          progress: Progress | None = None) -> Path:
-    """Convert (if needed) and quantize `source` to `quant`; return the written file."""
+          check: bool | None = None, progress: Progress | None = None) -> BuildResult:
+    """Convert (if needed) and quantize `source` to `quant`; optionally measure what it cost.
+
+    `check` None means: check when the source is full precision and the target is not.
+    """
     quant, _ = q.file_type(quant)
     out = out or models_dir() / output_name(source, quant)
     out.parent.mkdir(parents=True, exist_ok=True)
+    full_target = quant in ("F32", "F16", "BF16")
     if source.kind == "gguf":
-        return q.quantize(source.path, out, quant, threads=threads,
-                          progress=_stage(progress, "quantize"))
+        q.quantize(source.path, out, quant, threads=threads, progress=_stage(progress, "quantize"))
+        wanted = check if check is not None else (not full_target and _is_full_precision(source.path))
+        return BuildResult(out, quality(source.path, out, threads=threads or None) if wanted else None)
     ckpt = open_checkpoint(source.path)
     _check_space(out.parent, sum(t.data_range.size for t in ckpt.tensors.values()))
-    direct = quant if quant in ("F32", "F16", "BF16") else None
-    if direct:
-        return convert(source.path, out, out_type=direct, source_repo=source.repo,
-                       progress=_stage(progress, "convert"))
+    if full_target:
+        convert(source.path, out, out_type=quant, source_repo=source.repo,
+                progress=_stage(progress, "convert"))
+        return BuildResult(out)
     keep = "BF16" if ckpt.source_dtype() == "BF16" else "F32" if ckpt.source_dtype() == "F32" else "F16"
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".convert-") as tmp:
         intermediate = convert(source.path, Path(tmp) / f"model-{keep}.gguf", out_type=keep,
                                source_repo=source.repo, progress=_stage(progress, "convert"))
-        return q.quantize(intermediate, out, quant, threads=threads,
-                          progress=_stage(progress, "quantize"))
+        q.quantize(intermediate, out, quant, threads=threads, progress=_stage(progress, "quantize"))
+        report = quality(intermediate, out, threads=threads or None) if check is not False else None
+    return BuildResult(out, report)
+
+
+def _is_full_precision(path: Path) -> bool:
+    types = [t.ggml_type for t in check_gguf(path).tensors if len(t.shape) >= 2]
+    return bool(types) and all(t in FLOAT_TYPES for t in types)
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[str, int, int], None] | None:

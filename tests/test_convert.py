@@ -159,3 +159,24 @@ def test_missing_tensor_is_named(tmp_path):
     with pytest.raises(ModelError, match=r"lacks blk\.1\.ffn_up\.weight"):
         convert(folder, tmp_path / "out.gguf", out_type="F32")
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_quality_check_orders_quants(tmp_path, infer_home):
+    import json
+
+    from conftest import run_cli
+
+    folder = build_checkpoint(tmp_path / "q", "LlamaForCausalLM")
+    reports = {}
+    for quant in ("Q8_0", "Q4_K_M"):
+        r = run_cli("quantize", folder, "--type", quant, "--json")
+        assert r.returncode == 0, r.stderr
+        reports[quant] = json.loads(r.stdout)["quality"]
+        assert np.isfinite(reports[quant]["mean_kl_divergence"])
+        assert 0 <= reports[quant]["top1_agreement"] <= 1
+        ran = run_cli("run", Path(json.loads(r.stdout)["path"]).stem, "Hi", "-n", "3")
+        assert ran.returncode == 0, ran.stderr
+    assert reports["Q8_0"]["mean_kl_divergence"] < reports["Q4_K_M"]["mean_kl_divergence"]
+    assert reports["Q8_0"]["bits_per_weight"] > reports["Q4_K_M"]["bits_per_weight"]
+    table = run_cli("quantize", folder, "--type", "Q8_0", "-o", tmp_path / "again.gguf")
+    assert "mean KL divergence" in table.stderr and "top-1 agreement" in table.stderr

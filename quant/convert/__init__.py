@@ -154,11 +154,14 @@ def _add_general(writer: gguf.GGUFWriter, ckpt: Checkpoint, plan: list[PlannedTe
 def _add_sampling(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
     if not config.get("do_sample", True):
         return
-    for key, add in (("temperature", writer.add_sampling_temp), ("top_k", writer.add_sampling_top_k),
-                     ("top_p", writer.add_sampling_top_p), ("min_p", writer.add_sampling_min_p)):
+    value = config.get("top_k")
+    if isinstance(value, int) and not isinstance(value, bool):
+        writer.add_sampling_top_k(value)
+    for key, add in (("temperature", writer.add_sampling_temp), ("top_p", writer.add_sampling_top_p),
+                     ("min_p", writer.add_sampling_min_p)):
         value = config.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            add(value)
+            add(float(value))
 
 
 def size_label(n_params: int) -> str:

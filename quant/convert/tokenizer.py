@@ -343,15 +343,15 @@ def _post_processor_adds(processor: dict[str, Any] | None, ids: dict[str, int],
     if processor is None or processor.get("type") == "ByteLevel":
         return False, False
     if processor.get("type") == "Sequence":
-        adds = [_post_processor_adds(p, ids, path) for p in processor.get("processors", [])]
-        return any(a[0] for a in adds), any(a[1] for a in adds)
+        parts = [_post_processor_adds(p, ids, path) for p in processor.get("processors", [])]
+        return any(a[0] for a in parts), any(a[1] for a in parts)
     if processor.get("type") != "TemplateProcessing":
         raise ModelError(f"{path}: unsupported post-processor {processor.get('type')!r}")
     single = processor["single"]
     specials = [i for i, item in enumerate(single) if "SpecialToken" in item]
     if any(0 < i < len(single) - 1 for i in specials) or len(single) - len(specials) != 1:
         raise ModelError(f"{path}: the post-processor adds tokens llama.cpp cannot add: {single!r}")
-    adds = []
+    adds: list[bool] = []
     for position, key in ((0, K.BOS_ID), (len(single) - 1, K.EOS_ID)):
         item = single[position].get("SpecialToken")
         if item is not None:
