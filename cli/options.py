@@ -8,6 +8,7 @@ parameter list is ever written out twice.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -135,8 +136,13 @@ def resolve(flags: Mapping[str, Any]) -> Any:
     from infer.cli.progress import DownloadProgress
     from infer.quant.registry import resolve_model
 
+    def notice(text: str) -> None:
+        sys.stderr.write(f"infer: {text}\n")
+        sys.stderr.flush()
+
     with DownloadProgress() as progress:
-        return resolve_model(flags["model"], offline=flags.get("offline", False), progress=progress)
+        return resolve_model(flags["model"], offline=flags.get("offline", False), progress=progress,
+                             notice=notice)
 
 
 def read_text_file(path: str | Path, what: str) -> str:

@@ -2,7 +2,7 @@
 
 Resolution order, first match wins:
 1. a path to a ``.gguf`` file (or the first part of a split GGUF);
-2. a path to a Hugging Face model folder (conversion comes with ``infer quantize``);
+2. a path to a Hugging Face model folder (converted to Q4_K_M on first use, then cached);
 3. an alias from ``models.toml`` (shipped, overlaid by the user's);
 4. a Hub reference ``owner/repo`` or ``owner/repo:QUANT``, optionally prefixed
    with ``hf.co/`` (downloaded into the Hugging Face cache when missing).
@@ -65,15 +65,18 @@ def hub_reference_for(reference: str, entry: CatalogEntry | None = None) -> HubR
 
 
 def resolve_model(reference: str, *, offline: bool = False,
-                  progress: Callable[[str, int, int], None] | None = None) -> ResolvedModel:
-    """Turn a model reference into a checked local GGUF file, or raise an InferError."""
+                  progress: Callable[[str, int, int], None] | None = None,
+                  notice: Callable[[str], None] | None = None) -> ResolvedModel:
+    """Turn a model reference into a checked local GGUF file, or raise an InferError.
+
+    `progress` reports downloads; `notice` gets one-line news such as a first-use conversion.
+    """
     path = Path(reference).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
-            raise ModelError(
-                f"{reference}: Hugging Face model folders are not supported yet; "
-                "give a .gguf file"
-            )
+            from infer.quant.build import converted_folder
+
+            return ResolvedModel(reference, converted_folder(path, notice=notice))
         raise ModelNotFoundError(f"{reference}: is a folder, not a GGUF model file")
     if path.is_file() or (reference.endswith(".gguf") and "/" in reference):
         return ResolvedModel(reference, _local_gguf(path, reference))

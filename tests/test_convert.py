@@ -180,3 +180,16 @@ def test_quality_check_orders_quants(tmp_path, infer_home):
     assert reports["Q8_0"]["bits_per_weight"] > reports["Q4_K_M"]["bits_per_weight"]
     table = run_cli("quantize", folder, "--type", "Q8_0", "-o", tmp_path / "again.gguf")
     assert "mean KL divergence" in table.stderr and "top-1 agreement" in table.stderr
+
+
+def test_run_converts_a_checkpoint_folder_once(tmp_path, infer_home):
+    from conftest import run_cli
+
+    folder = build_checkpoint(tmp_path / "fresh", "Qwen2ForCausalLM")
+    first = run_cli("run", folder, "Hello", "-n", "4", "--seed", "2")
+    assert first.returncode == 0, first.stderr
+    assert "converting" in first.stderr and "Q4_K_M" in first.stderr
+    second = run_cli("run", folder, "Hello", "-n", "4", "--seed", "2")
+    assert second.stdout == first.stdout
+    assert "converting" not in second.stderr
+    assert len(list((infer_home / "models").glob("*.gguf"))) == 1

@@ -182,9 +182,9 @@ def test_unknown_model_reference():
     assert_one_line_error(run_cli("run", "no-such-alias", "hi"), 3, "no such model file, alias")
 
 
-def test_hf_folder_not_yet_supported(tmp_path):
-    (tmp_path / "config.json").write_text("{}")
-    assert_one_line_error(run_cli("run", tmp_path, "hi"), 3, "not supported yet")
+def test_hf_folder_with_an_unknown_architecture(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["BertModel"]}')
+    assert_one_line_error(run_cli("run", tmp_path, "hi"), 3, "cannot convert architecture")
 
 
 def test_not_a_gguf_file(tmp_path):
