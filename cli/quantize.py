@@ -28,6 +28,9 @@ def quantize(
         "--check/--no-check", help="Compare with the source model and print what the quant cost "
         "(default: on when the source is F32/F16/BF16).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="The result as JSON.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the plan (each tensor's type, the estimated size); write nothing.")]
+    = False,
     offline: o.Offline = False,
 ) -> None:
     """Convert and quantize a model; `infer run` then finds it by its file name."""
@@ -42,6 +45,9 @@ def _quantize(flags: Mapping[str, Any]) -> None:
     quant, _ = file_type(flags["type_"])  # a bad type fails before any work
     with DownloadProgress() as downloads:
         source = find_source(flags["src"], offline=flags["offline"], progress=downloads)
+    if flags["dry_run"]:
+        _print_plan(source, quant, as_json=flags["json_output"])
+        return
     result = build(source, quant, Path(flags["output"]) if flags["output"] else None,
                    threads=flags["threads"] or 0, check=flags["check"], progress=_report)
     out, report = result.path, result.quality
@@ -78,3 +84,21 @@ def _report(stage: str, item: str, index: int, count: int) -> None:
         sys.stderr.flush()
     elif index == count:
         sys.stderr.write(f"infer: {stage}: {count} tensors done\n")
+
+
+def _print_plan(source: Any, quant: str, *, as_json: bool) -> None:
+    from infer.quant.build import plan
+
+    p = plan(source, quant)
+    if as_json:
+        sys.stdout.write(json.dumps({
+            "architecture": p.architecture, "parameters": p.parameters, "type": quant,
+            "estimated_bytes": p.estimated_bytes,
+            "tensors": [{"name": n, "shape": list(s), "type": t} for n, s, t in p.tensors]}) + "\n")
+        return
+    lines = [f"architecture  {p.architecture}", f"parameters    {p.parameters:,}",
+             f"type          {quant} (llama.cpp may keep some tensors at a higher type)",
+             f"estimated     {p.estimated_bytes / 1e6:,.1f} MB", ""]
+    width = max(len(n) for n, _, _ in p.tensors)
+    lines += [f"{n:<{width}}  {'x'.join(map(str, s)):>16}  {t}" for n, s, t in p.tensors]
+    sys.stdout.write("\n".join(lines) + "\n")

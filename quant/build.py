@@ -165,3 +165,50 @@ def converted_folder(folder: Path, *, notice: Callable[[str], None] | None = Non
     if notice is not None:
         notice(f"converting {folder} to {out.name} (first use; kept for next time)")
     return build(source, DEFAULT_RUN_TYPE, out, check=False).path
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `infer quantize` would write, without writing anything (--dry-run)."""
+
+    architecture: str
+    parameters: int
+    tensors: list[tuple[str, tuple[int, ...], str]]  # GGUF name, shape, target type
+    estimated_bytes: int
+
+
+def plan(source: Source, quant: str) -> Plan:
+    """Each tensor's target type and the output's estimated size."""
+    from infer.quant.convert import plan_tensors
+    from infer.quant.gguf_check import GGML_TYPES
+
+    quant, _ = q.file_type(quant)
+    if source.kind == "gguf":
+        info = check_gguf(source.path)
+        arch = info.architecture or "unknown"
+        shapes = [(t.name, t.shape) for t in info.tensors]
+    else:
+        arch, shapes = plan_tensors(source.path)
+    base = _base_type(quant, {name for name, _, _ in GGML_TYPES.values()})
+    sizes = {name: (block, size) for name, block, size in GGML_TYPES.values()}
+    rows, total, params = [], 0, 0
+    for name, shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        target = "F32" if len(shape) == 1 else base
+        block, size = sizes[target]
+        rows.append((name, shape, target))
+        total += n * size // block
+        params += n
+    return Plan(arch, params, rows, total)
+
+
+def _base_type(quant: str, ggml_names: set[str]) -> str:
+    """The ggml tensor type a llama.cpp file type mostly uses (Q4_K_M -> Q4_K)."""
+    special = {"IQ3_M": "IQ3_S", "IQ2_M": "IQ2_S", "MXFP4_MOE": "MXFP4", "Q2_K_S": "Q2_K"}
+    if quant in special:
+        return special[quant]
+    if quant in ggml_names:
+        return quant
+    return re.sub(r"_[SML]$", "", quant)

@@ -193,3 +193,19 @@ def test_run_converts_a_checkpoint_folder_once(tmp_path, infer_home):
     assert second.stdout == first.stdout
     assert "converting" not in second.stderr
     assert len(list((infer_home / "models").glob("*.gguf"))) == 1
+
+
+def test_dry_run_plans_without_writing(tmp_path, infer_home):
+    import json
+
+    from conftest import run_cli
+
+    folder = build_checkpoint(tmp_path / "plan", "MistralForCausalLM")
+    r = run_cli("quantize", folder, "--type", "Q8_0", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["architecture"] == "MistralForCausalLM"
+    types = {t["name"]: t["type"] for t in p["tensors"]}
+    assert types["blk.0.attn_q.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
+    assert 0 < p["estimated_bytes"] < p["parameters"] * 4
+    assert not (infer_home / "models").exists()

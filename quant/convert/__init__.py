@@ -169,3 +169,11 @@ def size_label(n_params: int) -> str:
     if n_params >= 1e9:
         return f"{n_params / 1e9:.1f}B".replace(".0B", "B")
     return f"{round(n_params / 1e6)}M"
+
+
+def plan_tensors(folder: Path) -> tuple[str, list[tuple[str, tuple[int, ...]]]]:
+    """The architecture and the GGUF tensors (name, shape) a conversion of `folder` writes."""
+    arch = check_architecture(read_config(folder), str(folder))
+    ckpt = open_checkpoint(folder)
+    planned, _ = _plan(ckpt, families.FAMILIES[arch], "F32")
+    return arch, [(t.name, tuple(reversed(t.shape))) for t in planned]
