@@ -209,3 +209,15 @@ def test_dry_run_plans_without_writing(tmp_path, infer_home):
     assert types["blk.0.attn_q.weight"] == "Q8_0" and types["blk.0.attn_norm.weight"] == "F32"
     assert 0 < p["estimated_bytes"] < p["parameters"] * 4
     assert not (infer_home / "models").exists()
+
+
+def test_interrupted_conversion_leaves_nothing(tmp_path):
+    folder = build_checkpoint(tmp_path / "hf", "LlamaForCausalLM")
+
+    def interrupt(name, index, count):
+        if index == 3:
+            raise KeyboardInterrupt  # what Ctrl-C raises between two tensors
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(folder, tmp_path / "out.gguf", out_type="F16", progress=interrupt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
