@@ -15,6 +15,7 @@ spm-32k fixture tokenizer, then measures, each in its own process with
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -63,10 +64,10 @@ def main() -> None:
     ap.add_argument("workdir", type=Path)
     ap.add_argument("--llama-src", type=Path, help="vendor/llama.cpp of the llama-cpp-python sdist")
     ap.add_argument("--llama-bin", type=Path, help="folder holding llama-quantize")
-    ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # a JSON list: the command to measure
     args = ap.parse_args()
     if args.child:
-        wall, peak = measured(args.child)
+        wall, peak = measured(json.loads(args.child))
         print(f"{wall:.2f} {peak:.0f}")
         return
     work = args.workdir
@@ -76,7 +77,7 @@ def main() -> None:
     rows = []
 
     def run(label: str, cmd: list[str]) -> None:
-        out = subprocess.run([sys.executable, __file__, str(work), "--child", *cmd],
+        out = subprocess.run([sys.executable, __file__, str(work), "--child", json.dumps(cmd)],
                              capture_output=True, text=True, check=True, env=os.environ)
         wall, peak = out.stdout.split()
         rows.append((label, float(wall), float(peak)))

@@ -18,9 +18,17 @@ from typing import Any
 
 import gguf
 import numpy as np
+from gguf.gguf_writer import WriterState
 
 from infer.quant.convert import families
-from infer.quant.convert.checkpoint import Checkpoint, open_checkpoint, read_config, read_tensor, to_bf16
+from infer.quant.convert.checkpoint import (
+    Checkpoint,
+    open_checkpoint,
+    read_config,
+    read_rows,
+    read_tensor,
+    to_bf16,
+)
 from infer.runtime.errors import ModelError, UsageError
 
 SUPPORTED_ARCHITECTURES = tuple(families.FAMILIES)
@@ -78,9 +86,14 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for i, t in enumerate(plan):
-            data = extra[t.name] if t.source is None else families.transform(
-                family, ckpt.config, t.name, read_tensor(ckpt.tensors[t.source]))
-            writer.write_tensor_data(_as_type(data, t.out_type))
+            if t.source is None:
+                writer.write_tensor_data(_as_type(extra[t.name], t.out_type))
+            elif families.transforms(family, t.name):
+                data = families.transform(family, ckpt.config, t.name,
+                                          read_tensor(ckpt.tensors[t.source]))
+                writer.write_tensor_data(_as_type(data, t.out_type))
+            else:
+                _stream_rows(writer, ckpt.tensors[t.source], t)
             if progress is not None:
                 progress(t.name, i + 1, len(plan))
         writer.close()
@@ -121,6 +134,32 @@ def _check_complete(ckpt: Checkpoint, family: families.Family, have: set[str], n
                          + (f" and {len(missing) - 1} more tensors" if len(missing) > 1 else ""))
     if "output.weight" not in have and not ckpt.config.get("tie_word_embeddings", False):
         raise ModelError(f"{ckpt.folder}: the checkpoint lacks lm_head.weight")
+
+
+ROWS_CHUNK_ELEMENTS = 1 << 22  # about 16 MB of float32 at a time
+
+
+def _stream_rows(writer: gguf.GGUFWriter, tensor: Any, t: PlannedTensor) -> None:
+    """Write one tensor's data a few rows at a time: memory stays at one chunk.
+
+    GGUFWriter only writes whole tensors, so this follows its layout itself (padding
+    before and after, the next tensor info taken off its queue), as write_tensor_data does.
+    """
+    fout = writer.fout[0]  # type: ignore[index]
+    ti = writer.tensors[0].pop(next(iter(writer.tensors[0])))
+    writer.write_padding(fout, fout.tell())
+    rows = t.shape[0] if t.shape else 1
+    per_row = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
+    step = max(1, ROWS_CHUNK_ELEMENTS // per_row)
+    written = 0
+    for start in range(0, rows, step):
+        chunk = _as_type(read_rows(tensor, start, min(step, rows - start)), t.out_type)
+        fout.write(chunk.tobytes())
+        written += chunk.nbytes
+    if written != ti.nbytes:
+        raise ModelError(f"tensor {t.name}: wrote {written} bytes, expected {ti.nbytes}")
+    writer.write_padding(fout, ti.nbytes)
+    writer.state = WriterState.WEIGHTS
 
 
 def _nbytes(t: PlannedTensor) -> int:

@@ -74,17 +74,33 @@ def open_checkpoint(folder: Path) -> Checkpoint:
     return Checkpoint(folder, config, tensors)
 
 
+_ITEM_SIZE = {"F32": 4, "F16": 2, "BF16": 2}
+
+
 def read_tensor(tensor: LocalTensor) -> np.ndarray:
     """One tensor as float32 (F32, F16 and BF16 sources)."""
-    raw = tensor.mmap_bytes()
-    if tensor.dtype == "BF16":
-        as_u32 = raw.view(np.uint16).astype(np.uint32) << 16
-        data = as_u32.view(np.float32)
-    elif tensor.dtype in _DTYPES:
-        data = raw.view(_DTYPES[tensor.dtype]).astype(np.float32)
-    else:
+    return read_rows(tensor, 0, tensor.shape[0] if tensor.shape else 1).reshape(tensor.shape)
+
+
+def read_rows(tensor: LocalTensor, start: int, count: int) -> np.ndarray:
+    """Rows [start, start + count) of a tensor as float32, read with plain reads.
+
+    Plain reads rather than a memory map: mapped pages would stay resident (and count
+    as the process's memory) until the whole tensor is done.
+    """
+    if tensor.dtype not in _ITEM_SIZE:
         raise ModelError(f"unsupported tensor type {tensor.dtype} in the checkpoint")
-    return data.reshape(tensor.shape)
+    item = _ITEM_SIZE[tensor.dtype]
+    row = item * int(np.prod(tensor.shape[1:], dtype=np.int64)) if len(tensor.shape) > 1 else item
+    span = tensor.data_range
+    with open(span.filename, "rb") as f:
+        f.seek(span.offset + start * row)
+        raw = f.read(count * row)
+    if len(raw) != count * row:
+        raise ModelError(f"{span.filename}: truncated tensor data")
+    if tensor.dtype == "BF16":
+        return (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(raw, dtype=_DTYPES[tensor.dtype]).astype(np.float32)
 
 
 def to_bf16(data: np.ndarray) -> np.ndarray:

@@ -152,6 +152,13 @@ def extra_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
     return {name: np.array(factors, dtype=np.float32)}
 
 
+def transforms(family: Family, gguf_name: str) -> bool:
+    """Whether `transform` changes this tensor (it then needs the whole tensor at once)."""
+    if family.norm_offset and gguf_name.endswith("norm.weight"):
+        return True
+    return family.permute_qk and gguf_name.endswith(("attn_q.weight", "attn_k.weight"))
+
+
 def transform(family: Family, config: dict[str, Any], gguf_name: str, data: np.ndarray) -> np.ndarray:
     """Per family: Gemma's (1 + weight) norms; Q/K rows reordered for llama.cpp's rotation."""
     if family.norm_offset and gguf_name.endswith("norm.weight"):
