@@ -24,6 +24,8 @@ def quantize(
     output: Annotated[str | None, typer.Option("-o", "--output", help="Output file (default: "
                                                "INFER_HOME/models/<Name>-<Size>-<TYPE>.gguf).")] = None,
     threads: o.Threads = None,
+    imatrix: Annotated[str | None, typer.Option(
+        "--imatrix", help="An importance matrix from llama-imatrix (GGUF or .dat).")] = None,
     check: Annotated[bool | None, typer.Option(
         "--check/--no-check", help="Compare with the source model and print what the quant cost "
         "(default: on when the source is F32/F16/BF16).")] = None,
@@ -42,14 +44,16 @@ def _quantize(flags: Mapping[str, Any]) -> None:
     from infer.quant.build import build, find_source
     from infer.quant.quantize import file_type
 
-    quant, _ = file_type(flags["type_"])  # a bad type fails before any work
+    imatrix = Path(flags["imatrix"]) if flags["imatrix"] else None
+    quant, _ = file_type(flags["type_"], imatrix=imatrix)  # a bad type fails before any work
     with DownloadProgress() as downloads:
         source = find_source(flags["src"], offline=flags["offline"], progress=downloads)
     if flags["dry_run"]:
         _print_plan(source, quant, as_json=flags["json_output"])
         return
     result = build(source, quant, Path(flags["output"]) if flags["output"] else None,
-                   threads=flags["threads"] or 0, check=flags["check"], progress=_report)
+                   threads=flags["threads"] or 0, imatrix=imatrix, check=flags["check"],
+                   progress=_report)
     out, report = result.path, result.quality
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     if flags["json_output"]:

@@ -86,17 +86,19 @@ FLOAT_TYPES = frozenset({0, 1, 30})  # ggml F32, F16, BF16
 
 
 def build(source: Source, quant: str, out: Path | None = None, *, threads: int = 0,
-          check: bool | None = None, progress: Progress | None = None) -> BuildResult:
+          imatrix: Path | None = None, check: bool | None = None,
+          progress: Progress | None = None) -> BuildResult:
     """Convert (if needed) and quantize `source` to `quant`; optionally measure what it cost.
 
     `check` None means: check when the source is full precision and the target is not.
     """
-    quant, _ = q.file_type(quant)
+    quant, _ = q.file_type(quant, imatrix=imatrix)
     out = out or models_dir() / output_name(source, quant)
     out.parent.mkdir(parents=True, exist_ok=True)
     full_target = quant in ("F32", "F16", "BF16")
     if source.kind == "gguf":
-        q.quantize(source.path, out, quant, threads=threads, progress=_stage(progress, "quantize"))
+        q.quantize(source.path, out, quant, threads=threads, imatrix=imatrix,
+                   progress=_stage(progress, "quantize"))
         wanted = check if check is not None else (not full_target and _is_full_precision(source.path))
         return BuildResult(out, quality(source.path, out, threads=threads or None) if wanted else None)
     ckpt = open_checkpoint(source.path)
@@ -109,7 +111,8 @@ def build(source: Source, quant: str, out: Path | None = None, *, threads: int =
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".convert-") as tmp:
         intermediate = convert(source.path, Path(tmp) / f"model-{keep}.gguf", out_type=keep,
                                source_repo=source.repo, progress=_stage(progress, "convert"))
-        q.quantize(intermediate, out, quant, threads=threads, progress=_stage(progress, "quantize"))
+        q.quantize(intermediate, out, quant, threads=threads, imatrix=imatrix,
+                   progress=_stage(progress, "quantize"))
         report = quality(intermediate, out, threads=threads or None) if check is not False else None
     return BuildResult(out, report)
 

@@ -42,13 +42,17 @@ def file_type(name: str, *, imatrix: Path | None = None) -> tuple[str, int]:
     return key, FILE_TYPES[key]
 
 
-def quantize(src: Path, dst: Path, quant: str, *, threads: int = 0,
+def quantize(src: Path, dst: Path, quant: str, *, threads: int = 0, imatrix: Path | None = None,
              progress: Progress | None = None) -> Path:
-    """Quantize the GGUF `src` to `quant`, writing `dst` atomically."""
-    name, ftype = file_type(quant)
+    """Quantize the GGUF `src` to `quant` (with an importance matrix file), writing `dst` atomically."""
+    name, ftype = file_type(quant, imatrix=imatrix)
+    if imatrix is not None:
+        from infer.quant.imatrix import load_imatrix
+
+        load_imatrix(imatrix)  # a bad file is the user's error, before the child starts
     tmp = dst.with_name(f".{dst.name}.partial")
     cmd = [sys.executable, "-c", "from infer.quant.quantize import _child; _child()",
-           str(src), str(tmp), str(ftype), str(threads)]
+           str(src), str(tmp), str(ftype), str(threads), str(imatrix or "")]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, errors="replace")
     last_lines: list[str] = []
@@ -84,6 +88,7 @@ def _child() -> None:  # pragma: no cover - runs in the child process
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # the parent cleans up; die at once
     src, dst, ftype, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    imatrix_file = sys.argv[5] if len(sys.argv) > 5 else ""
     handler = logging.StreamHandler(sys.stderr)
     logging.getLogger("infer").addHandler(handler)
     logging.getLogger("infer").setLevel(logging.INFO)
@@ -91,6 +96,21 @@ def _child() -> None:  # pragma: no cover - runs in the child process
     params = C.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = threads
+    keep = []  # the arrays the C side reads must outlive the call
+    if imatrix_file:
+        from pathlib import Path
+
+        from infer.quant.imatrix import load_imatrix
+
+        values = load_imatrix(Path(imatrix_file))
+        entries = (C.llama_model_imatrix_data * (len(values) + 1))()  # zeroed terminator last
+        for i, (name, data) in enumerate(values.items()):
+            raw = data.astype("float32")
+            keep += [name.encode(), raw]
+            entries[i].name = keep[-2]
+            entries[i].data = raw.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            entries[i].size = raw.size
+        params.imatrix = entries
     rc = C.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
     sys.stderr.flush()
     sys.exit(0 if rc == 0 else 1)
