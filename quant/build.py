@@ -157,17 +157,18 @@ def known_output(reference: str) -> Path | None:
 DEFAULT_RUN_TYPE = "Q4_K_M"
 
 
-def converted_folder(folder: Path, *, notice: Callable[[str], None] | None = None) -> Path:
-    """The cached Q4_K_M conversion of a checkpoint folder; made on first use or when it changed."""
-    check_architecture(read_config(folder), str(folder))
-    source = Source("hf", folder)
-    out = models_dir() / output_name(source, DEFAULT_RUN_TYPE)
+def converted_folder(folder: Path, *, repo: str | None = None, quant: str = DEFAULT_RUN_TYPE,
+                     notice: Callable[[str], None] | None = None) -> Path:
+    """The cached conversion of a checkpoint (Q4_K_M by default); made on first use or when it changed."""
+    check_architecture(read_config(folder), repo or str(folder))
+    source = Source("hf", folder, repo)
+    out = models_dir() / output_name(source, quant)
     newest = max((p.stat().st_mtime for p in folder.iterdir() if p.is_file()), default=0.0)
     if out.is_file() and out.stat().st_mtime >= newest:
         return out
     if notice is not None:
-        notice(f"converting {folder} to {out.name} (first use; kept for next time)")
-    return build(source, DEFAULT_RUN_TYPE, out, check=False).path
+        notice(f"converting {repo or folder} to {out.name} (first use; kept for next time)")
+    return build(source, quant, out, check=False).path
 
 
 @dataclass(frozen=True)

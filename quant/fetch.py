@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 from pathlib import Path
 
 from infer.quant import hub
 from infer.quant.quants import choose, group_by_quant
 from infer.runtime.errors import ModelError
+
+
+class CheckpointOnlyError(ModelError):
+    """The repository has safetensors weights but no GGUF: it can be converted."""
+
+    def __init__(self, repo: str) -> None:
+        self.repo = repo
+        super().__init__(f"{repo} has no GGUF files, only safetensors weights: "
+                         f"`infer quantize {repo}` can convert it")
 
 
 def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False,
@@ -20,13 +30,14 @@ def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False,
     cached = _from_cache(repo, quant)
     if cached is not None:  # downloaded once, reused from then on without asking the Hub
         return cached
+    if _checkpoint_cached(repo):  # a safetensors repo fetched before for conversion
+        raise CheckpointOnlyError(repo)
     files = hub.list_files(repo, offline=offline)
     by_path = {f.path: f for f in files}
     groups = group_by_quant(list(by_path))
     if not groups:
         if any(f.path.endswith(".safetensors") for f in files):
-            raise ModelError(f"{repo} has no GGUF files, only safetensors weights: "
-                             f"`infer quantize {repo}` can convert it")
+            raise CheckpointOnlyError(repo)
         raise ModelError(f"{repo} has no GGUF files")
     chosen = choose(groups, quant, repo=repo)
     paths = hub.download(repo, [by_path.get(p, hub.RepoFile(p)) for p in chosen.files],
@@ -65,6 +76,9 @@ def fetch_checkpoint(repo: str, *, offline: bool = False,
                      progress: hub.Progress | None = None) -> Path:
     """Download what conversion needs from a safetensors repository; return its snapshot folder."""
     offline = hub.offline_mode(offline)
+    cached = _checkpoint_cached(repo)
+    if cached is not None:  # downloaded before: no need to ask the Hub
+        return cached
     files = hub.list_files(repo, offline=offline)
     wanted = [f for f in files if f.path in set(checkpoint_files([f.path for f in files]))]
     if not any(f.path.endswith(".safetensors") for f in wanted):
@@ -80,3 +94,18 @@ def fetch_checkpoint(repo: str, *, offline: bool = False,
     check_architecture(read_config(config_path.parent), repo)
     paths = hub.download(repo, wanted, offline=offline, progress=progress)
     return paths[0].parent
+
+
+def _checkpoint_cached(repo: str) -> Path | None:
+    """The snapshot folder of a complete safetensors checkpoint of `repo` in the cache (no GGUF)."""
+    cached = hub.cached_files(repo)
+    if "config.json" not in cached or group_by_quant(list(cached)):
+        return None
+    if not any(p.endswith(".safetensors") for p in cached):
+        return None
+    index = cached.get("model.safetensors.index.json")
+    try:
+        shards = set(json.loads(index.read_text())["weight_map"].values()) if index else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return cached["config.json"].parent if shards <= set(cached) else None

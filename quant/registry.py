@@ -94,9 +94,16 @@ def resolve_model(reference: str, *, offline: bool = False,
             f"{reference}: no such model file, alias or Hub repository "
             "(aliases are listed in models.toml; Hub references look like owner/repo:Q4_K_M)"
         )
-    from infer.quant.fetch import fetch_gguf
+    from infer.quant.fetch import CheckpointOnlyError, fetch_checkpoint, fetch_gguf
 
-    local, quant = fetch_gguf(hub.repo, hub.quant, offline=offline, progress=progress)
+    try:
+        local, quant = fetch_gguf(hub.repo, hub.quant, offline=offline, progress=progress)
+    except CheckpointOnlyError:  # safetensors only: convert on first use, as for a folder
+        from infer.quant.build import DEFAULT_RUN_TYPE, converted_folder
+
+        quant = (hub.quant or DEFAULT_RUN_TYPE).upper()
+        folder = fetch_checkpoint(hub.repo, offline=offline, progress=progress)
+        local = converted_folder(folder, repo=hub.repo, quant=quant, notice=notice)
     verify_gguf(local)
     return ResolvedModel(reference, local, entry, hub.repo, quant)
 

@@ -221,3 +221,23 @@ def test_interrupted_conversion_leaves_nothing(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         convert(folder, tmp_path / "out.gguf", out_type="F16", progress=interrupt)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_run_converts_a_hub_checkpoint_once(tmp_path, infer_home, monkeypatch):
+    from conftest import run_cli
+    from hub_server import HubServer
+
+    folder = build_checkpoint(tmp_path / "hf", "Qwen3ForCausalLM")
+    with HubServer() as hub:
+        hub.add_repo("acme/Tiny-Qwen", {p.name: p.read_bytes() for p in folder.iterdir()},
+                     lfs_min_size=1024)
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        first = run_cli("run", "acme/Tiny-Qwen", "Hello", "-n", "3", "--seed", "1")
+        assert first.returncode == 0, first.stderr
+        assert "converting acme/Tiny-Qwen" in first.stderr
+        asked = len(hub.requests)
+        second = run_cli("run", "acme/Tiny-Qwen", "Hello", "-n", "3", "--seed", "1")
+        assert second.stdout == first.stdout
+        assert "converting" not in second.stderr
+        assert len(hub.requests) == asked  # converted once, then neither downloaded nor asked
+    assert [p.name for p in (infer_home / "models").iterdir()] == ["Tiny-Qwen-10M-Q4_K_M.gguf"]

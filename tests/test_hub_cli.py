@@ -126,9 +126,11 @@ def test_two_pulls_at_once_download_once(hub):
     assert hub.downloads[(REPO, "tiny-Q8_0.gguf")] == 1
 
 
-def test_safetensors_repo_points_to_quantize(hub):
-    hub.add_repo("acme/raw", {"config.json": b"{}", "model.safetensors": b"\0" * 2048})
-    assert_one_line_error(run_cli("pull", "acme/raw"), 3, "infer quantize acme/raw")
+def test_safetensors_repo_of_an_unknown_architecture(hub):
+    hub.add_repo("acme/raw", {"config.json": b'{"architectures": ["BertModel"]}',
+                              "model.safetensors": b"\0" * 2048})
+    assert_one_line_error(run_cli("pull", "acme/raw"), 3, "cannot convert architecture 'BertModel'")
+    assert hub.downloads[("acme/raw", "model.safetensors")] == 0
 
 
 def test_list_show_and_rm(hub, tiny_spm):
