@@ -97,6 +97,7 @@ def build(source: Source, quant: str, out: Path | None = None, *, threads: int =
     out.parent.mkdir(parents=True, exist_ok=True)
     full_target = quant in ("F32", "F16", "BF16")
     if source.kind == "gguf":
+        _check_space(out.parent, source.path.stat().st_size)
         q.quantize(source.path, out, quant, threads=threads, imatrix=imatrix,
                    progress=_stage(progress, "quantize"))
         wanted = check if check is not None else (not full_target and _is_full_precision(source.path))

@@ -63,6 +63,7 @@ CHECKPOINT_FILES = (
     "config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
     "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+    "README.md",  # its front matter names the license
 )
 
 

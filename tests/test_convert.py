@@ -118,6 +118,7 @@ def test_quantize_a_checkpoint_folder_and_run_it_by_name(tmp_path, infer_home):
     from conftest import run_cli
 
     folder = build_checkpoint(tmp_path / "my-tiny-qwen", "Qwen3ForCausalLM")
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# Tiny\n")
     r = run_cli("quantize", folder, "--type", "Q4_K_M")
     assert r.returncode == 0, r.stderr
     out = infer_home / "models" / "my-tiny-qwen-10M-Q4_K_M.gguf"
@@ -125,6 +126,10 @@ def test_quantize_a_checkpoint_folder_and_run_it_by_name(tmp_path, infer_home):
     ran = run_cli("run", out.stem, "Hello", "-n", "4", "--seed", "1", "--json")
     assert ran.returncode == 0, ran.stderr
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+    import json
+
+    shown = json.loads(run_cli("show", out.stem, "--json").stdout)
+    assert shown["license"] == "apache-2.0" and shown["architecture"] == "qwen3"
 
 
 @pytest.mark.parametrize("make, fragment", [

@@ -185,7 +185,7 @@ def test_checkpoint_download_takes_only_what_conversion_needs(hub, tmp_path):
     files = {name: b"x" * 64 for name in (
         "config.json", "generation_config.json", "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
-        "tokenizer_config.json", "pytorch_model.bin", "consolidated.pt", "README.md",
+        "tokenizer_config.json", "pytorch_model.bin", "consolidated.pt", "notes.txt",
         "onnx/model.onnx")}
     files["config.json"] = b'{"architectures": ["LlamaForCausalLM"]}'
     hub.add_repo("acme/checkpoint", files)

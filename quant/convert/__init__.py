@@ -184,6 +184,9 @@ def _add_general(writer: gguf.GGUFWriter, ckpt: Checkpoint, plan: list[PlannedTe
     if source_repo:
         writer.add_source_repo_url(f"https://huggingface.co/{source_repo}")
     writer.add_file_type(OUT_TYPES[out_type])
+    license_name = model_card_license(ckpt.folder / "README.md")
+    if license_name:
+        writer.add_license(license_name)
     generation = ckpt.folder / "generation_config.json"
     if generation.is_file():
         with contextlib.suppress(OSError, ValueError):
@@ -216,3 +219,18 @@ def plan_tensors(folder: Path) -> tuple[str, list[tuple[str, tuple[int, ...]]]]:
     ckpt = open_checkpoint(folder)
     planned, _ = _plan(ckpt, families.FAMILIES[arch], "F32")
     return arch, [(t.name, tuple(reversed(t.shape))) for t in planned]
+
+
+def model_card_license(readme: Path) -> str | None:
+    """The `license:` of a model card's YAML front matter, if any."""
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("---"):
+        return None
+    for line in text.split("\n---", 1)[0].splitlines()[1:]:
+        key, _, value = line.partition(":")
+        if key.strip() == "license" and value.strip():
+            return value.strip().strip("'\"")
+    return None
