@@ -1,0 +1,130 @@
+"""A chat: messages rendered through the chat template, each turn prefilling only what is new.
+
+Every turn renders the whole conversation; the session keeps the longest common
+prefix of that and its KV cache, so turn N prefills the new message and the
+template's markup, not the history. When the next turn would not fit the context,
+the oldest exchanges are dropped (never the system prompt), or, with the ``error``
+policy, the turn fails with ContextOverflowError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from infer.runtime.errors import ContextOverflowError, UsageError
+from infer.runtime.prompt import chat_prompt
+from infer.runtime.sampling import SamplingParams
+from infer.runtime.session import Completion, Piece, Session
+
+CONTEXT_POLICIES = ("drop-oldest", "error")
+# Room kept for the reply when no token limit is set.
+DEFAULT_REPLY_ROOM = 256
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """Oldest exchanges were dropped so that the next turn fits the context."""
+
+    exchanges: int
+
+
+class Conversation:
+    """Messages (system prompt first), the session that runs them, and the context policy."""
+
+    def __init__(self, session: Session, *, system: str | None = None, template: str | None = None,
+                 context_policy: str = "drop-oldest") -> None:
+        if context_policy not in CONTEXT_POLICIES:
+            raise UsageError(f"context policy must be one of {', '.join(CONTEXT_POLICIES)}")
+        self.session = session
+        self.template = template
+        self.context_policy = context_policy
+        self.messages: list[dict[str, Any]] = []
+        self.set_system(system)
+
+    @property
+    def system(self) -> str | None:
+        if self.messages and self.messages[0]["role"] == "system":
+            return str(self.messages[0]["content"])
+        return None
+
+    def set_system(self, text: str | None) -> None:
+        """Replace the system prompt (None removes it); the rest of the conversation stays."""
+        rest = [m for m in self.messages if m["role"] != "system"]
+        self.messages = ([{"role": "system", "content": text}] if text else []) + rest
+
+    def clear(self) -> None:
+        """A new conversation with the same system prompt."""
+        self.messages = self.messages[:1] if self.system is not None else []
+
+    def undo(self) -> bool:
+        """Remove the last exchange (user message and reply); False if there is none."""
+        last_user = self._last_user_index()
+        if last_user is None:
+            return False
+        del self.messages[last_user:]
+        return True
+
+    def tokens(self, messages: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt tokens of `messages` (default: the conversation) with the reply opened."""
+        prompt = chat_prompt(self.session.model, messages if messages is not None else self.messages,
+                             template=self.template)
+        return prompt.tokens
+
+    def send(self, text: str, params: SamplingParams) -> Iterator[Piece | Completion | Dropped]:
+        """Add a user message and generate the reply, streaming events."""
+        self.messages.append({"role": "user", "content": text})
+        yield from self._reply(params)
+
+    def retry(self, params: SamplingParams) -> Iterator[Piece | Completion | Dropped]:
+        """Generate the last reply again (the KV cache is cut back to before it)."""
+        last_user = self._last_user_index()
+        if last_user is None:
+            raise UsageError("nothing to retry yet")
+        del self.messages[last_user + 1:]
+        yield from self._reply(params)
+
+    def _reply(self, params: SamplingParams) -> Iterator[Piece | Completion | Dropped]:
+        tokens, dropped = self._fit(params)
+        if dropped:
+            yield Dropped(dropped)
+        said: list[str] = []
+        completed = False
+        try:
+            for event in self.session.generate(tokens, params):
+                if isinstance(event, Piece):
+                    said.append(event.text)
+                elif isinstance(event, Completion):
+                    self.messages.append({"role": "assistant", "content": event.text})
+                    completed = True
+                yield event
+        finally:
+            if not completed:  # interrupted (Ctrl-C): what was said so far is the reply
+                self.messages.append({"role": "assistant", "content": "".join(said)})
+
+    def _fit(self, params: SamplingParams) -> tuple[list[int], int]:
+        """The next prompt's tokens, dropping the oldest exchanges if the policy allows."""
+        room = params.max_tokens if params.max_tokens is not None else DEFAULT_REPLY_ROOM
+        n_ctx = self.session.n_ctx
+        dropped = 0
+        while True:
+            tokens = self.tokens()
+            if len(tokens) + room <= n_ctx:
+                return tokens, dropped
+            first = 1 if self.system is not None else 0
+            last_user = self._last_user_index()
+            if self.context_policy == "error" or last_user is None or last_user <= first:
+                raise ContextOverflowError(prompt_tokens=len(tokens), max_tokens=room, n_ctx=n_ctx)
+            # Drop the oldest exchange: its user message and everything up to the next one.
+            end = next(i for i in range(first + 1, len(self.messages))
+                       if self.messages[i]["role"] == "user")
+            del self.messages[first:end]
+            dropped += 1
+
+    def _last_user_index(self) -> int | None:
+        for i in range(len(self.messages) - 1, -1, -1):
+            if self.messages[i]["role"] == "user":
+                return i
+        return None
+
