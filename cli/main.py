@@ -8,6 +8,7 @@ import typer
 
 from infer.cli import __version__, models
 from infer.cli.bench import bench
+from infer.cli.chat import chat
 from infer.cli.errors import guarded
 from infer.cli.quantize import quantize
 from infer.cli.run import run
@@ -52,6 +53,7 @@ def root(
 
 
 app.command("run", no_args_is_help=True)(run)
+app.command("chat", no_args_is_help=True)(chat)
 app.command("pull", no_args_is_help=True)(models.pull)
 app.command("list")(models.list_models)
 app.command("show", no_args_is_help=True)(models.show)

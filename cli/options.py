@@ -8,8 +8,9 @@ parameter list is ever written out twice.
 
 from __future__ import annotations
 
+import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -204,3 +205,41 @@ def context_params(flags: Mapping[str, Any]) -> ContextParams:
         cache_type_v=(flags.get("cache_type_v") or "f16").lower(),
         use_mmap=not flags.get("no_mmap", False),
     )
+
+
+# (name, declaration, default) of every option a model-running command takes.
+_MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("verbose", Verbose, False), ("offline", Offline, False),
+    ("max_tokens", MaxTokens, None), ("temp", Temperature, None), ("top_k", TopK, None),
+    ("top_p", TopP, None), ("min_p", MinP, None), ("typical_p", TypicalP, None),
+    ("repeat_penalty", RepeatPenalty, None), ("repeat_last_n", RepeatLastN, None),
+    ("presence_penalty", PresencePenalty, None), ("frequency_penalty", FrequencyPenalty, None),
+    ("seed", Seed, None), ("mirostat", Mirostat, None), ("mirostat_lr", MirostatLr, None),
+    ("mirostat_ent", MirostatEnt, None), ("dry_multiplier", DryMultiplier, None),
+    ("dry_base", DryBase, None), ("dry_allowed_length", DryAllowedLength, None),
+    ("dry_penalty_last_n", DryPenaltyLastN, None), ("dry_sequence_breaker", DrySequenceBreaker, None),
+    ("xtc_probability", XtcProbability, None), ("xtc_threshold", XtcThreshold, None),
+    ("logit_bias", LogitBias, None), ("stop", Stop, None), ("grammar", Grammar, None),
+    ("grammar_file", GrammarFile, None), ("json_schema", JsonSchema, None),
+    ("ignore_eos", IgnoreEos, False), ("ctx_size", CtxSize, None), ("batch_size", BatchSize, 2048),
+    ("ubatch_size", UbatchSize, 512), ("threads", Threads, None), ("gpu_layers", GpuLayers, None),
+    ("flash_attn", FlashAttn, "auto"), ("cache_type_k", CacheTypeK, "f16"),
+    ("cache_type_v", CacheTypeV, "f16"), ("no_mmap", NoMmap, False),
+)
+
+
+def model_command(*own: tuple[str, Any, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command `fn(ctx, **flags)` its own parameters plus every shared model option.
+
+    Typer reads a command's parameters from its signature; setting the signature here
+    declares the shared sampling, context and output options once for every command.
+    """
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        kw = inspect.Parameter.KEYWORD_ONLY
+        params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    annotation=typer.Context)]
+        params += [inspect.Parameter(name, kw, annotation=decl, default=default)
+                   for name, decl, default in (*own, *_MODEL_OPTIONS)]
+        fn.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        return fn
+    return decorate

@@ -18,60 +18,24 @@ from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import UsageError
 
 
-def run(
-    ctx: typer.Context,
-    model: Annotated[str, typer.Argument(
+@o.model_command(
+    ("model", Annotated[str, typer.Argument(
         help="A .gguf file, an alias from models.toml, or a Hub repo owner/repo[:QUANT].",
-        show_default=False)],
-    prompt: Annotated[str | None, typer.Argument(
-        help="The prompt. Piped stdin comes first; '-' means stdin alone.", show_default=False)] = None,
-    system: Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")] = None,
-    raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
-    chat_template_file: Annotated[Path | None, typer.Option(
-        "--chat-template-file", help="A Jinja chat template to use instead of the model's.")] = None,
-    show_prompt: Annotated[bool, typer.Option(
-        "--show-prompt", help="Print the rendered prompt and exit.")] = False,
-    json_output: Annotated[bool, typer.Option(
-        "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)] = False,
-    verbose: o.Verbose = False,
-    offline: o.Offline = False,
-    max_tokens: o.MaxTokens = None,
-    temp: o.Temperature = None,
-    top_k: o.TopK = None,
-    top_p: o.TopP = None,
-    min_p: o.MinP = None,
-    typical_p: o.TypicalP = None,
-    repeat_penalty: o.RepeatPenalty = None,
-    repeat_last_n: o.RepeatLastN = None,
-    presence_penalty: o.PresencePenalty = None,
-    frequency_penalty: o.FrequencyPenalty = None,
-    seed: o.Seed = None,
-    mirostat: o.Mirostat = None,
-    mirostat_lr: o.MirostatLr = None,
-    mirostat_ent: o.MirostatEnt = None,
-    dry_multiplier: o.DryMultiplier = None,
-    dry_base: o.DryBase = None,
-    dry_allowed_length: o.DryAllowedLength = None,
-    dry_penalty_last_n: o.DryPenaltyLastN = None,
-    dry_sequence_breaker: o.DrySequenceBreaker = None,
-    xtc_probability: o.XtcProbability = None,
-    xtc_threshold: o.XtcThreshold = None,
-    logit_bias: o.LogitBias = None,
-    stop: o.Stop = None,
-    grammar: o.Grammar = None,
-    grammar_file: o.GrammarFile = None,
-    json_schema: o.JsonSchema = None,
-    ignore_eos: o.IgnoreEos = False,
-    ctx_size: o.CtxSize = None,
-    batch_size: o.BatchSize = 2048,
-    ubatch_size: o.UbatchSize = 512,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = None,
-    flash_attn: o.FlashAttn = "auto",
-    cache_type_k: o.CacheTypeK = "f16",
-    cache_type_v: o.CacheTypeV = "f16",
-    no_mmap: o.NoMmap = False,
-) -> None:
+        show_default=False)], ...),
+    ("prompt", Annotated[str | None, typer.Argument(
+        help="The prompt. Piped stdin comes first; '-' means stdin alone.", show_default=False)], None),
+    ("system", Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")], None),
+    ("raw", Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")],
+     False),
+    ("chat_template_file", Annotated[Path | None, typer.Option(
+        "--chat-template-file", help="A Jinja chat template to use instead of the model's.")], None),
+    ("show_prompt", Annotated[bool, typer.Option(
+        "--show-prompt", help="Print the rendered prompt and exit.")], False),
+    ("json_output", Annotated[bool, typer.Option(
+        "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)],
+     False),
+)
+def run(ctx: typer.Context, **flags: Any) -> None:
     """Generate a reply to PROMPT and stream it to stdout."""
     shielded(execute, ctx.params)
 

@@ -75,7 +75,12 @@ class Conversation:
     def send(self, text: str, params: SamplingParams) -> Iterator[Piece | Completion | Dropped]:
         """Add a user message and generate the reply, streaming events."""
         self.messages.append({"role": "user", "content": text})
-        yield from self._reply(params)
+        try:
+            tokens, dropped = self._fit(params)
+        except ContextOverflowError:
+            self.messages.pop()  # the message that does not fit is not kept
+            raise
+        yield from self._reply(params, tokens, dropped)
 
     def retry(self, params: SamplingParams) -> Iterator[Piece | Completion | Dropped]:
         """Generate the last reply again (the KV cache is cut back to before it)."""
@@ -83,10 +88,11 @@ class Conversation:
         if last_user is None:
             raise UsageError("nothing to retry yet")
         del self.messages[last_user + 1:]
-        yield from self._reply(params)
-
-    def _reply(self, params: SamplingParams) -> Iterator[Piece | Completion | Dropped]:
         tokens, dropped = self._fit(params)
+        yield from self._reply(params, tokens, dropped)
+
+    def _reply(self, params: SamplingParams, tokens: list[int],
+               dropped: int) -> Iterator[Piece | Completion | Dropped]:
         if dropped:
             yield Dropped(dropped)
         said: list[str] = []

@@ -1,0 +1,272 @@
+"""`infer chat MODEL`: an interactive chat whose turns reuse the KV cache.
+
+On a terminal it is a line editor (prompt_toolkit: history per model, Ctrl-R,
+multi-line input with triple quotes or Alt-Enter). With piped input it reads one
+message per line (or per triple-quoted block) and prints each reply: scriptable.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import fields, replace
+from typing import Annotated, Any
+
+import typer
+
+from infer.cli import options as o
+from infer.cli.errors import shielded
+from infer.runtime.errors import InferError, UsageError
+
+HELP = """commands:
+  /help              this list
+  /exit, /bye        leave (Ctrl-D too)
+  /clear             new conversation, same system prompt
+  /system TEXT       set the system prompt
+  /set PARAM VALUE   change a sampling parameter (ctx too); /set alone lists them
+  /undo              remove the last exchange
+  /retry             generate the last reply again
+  /stats             tokens, cached tokens, last turn's speed and time to first token
+  /tokens            how full the context is
+  /show              model, template and parameters"""
+
+
+@o.model_command(
+    ("model", Annotated[str, typer.Argument(
+        help="A .gguf file, an alias from models.toml, or a Hub repo owner/repo[:QUANT].",
+        show_default=False)], ...),
+    ("system", Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")], None),
+    ("context_policy", Annotated[str, typer.Option(
+        "--context-policy", help="When the context is full: drop-oldest (exchanges) or error.")],
+     "drop-oldest"),
+)
+def chat(ctx: typer.Context, **flags: Any) -> None:
+    """Chat with a model; each turn prefills only the new message."""
+    shielded(_chat, ctx.params)
+
+
+def _chat(flags: Mapping[str, Any]) -> None:
+    from infer.runtime.conversation import Conversation
+    from infer.runtime.sampling import SamplingParams, model_sampling_defaults
+    from infer.runtime.session import Session
+
+    if flags["verbose"]:
+        from infer.cli.run import _log_to_stderr
+
+        _log_to_stderr()
+    overrides = o.sampling_overrides(flags)
+    SamplingParams.resolve({}, overrides)
+    cparams = o.context_params(flags)
+    resolved = o.resolve(flags)
+    entry = resolved.entry
+    if entry and entry.ctx_size and flags["ctx_size"] is None:
+        cparams = replace(cparams, n_ctx=entry.ctx_size)
+    system = flags["system"] if flags["system"] is not None else (entry.system if entry else None)
+    with Session.open(resolved.path, cparams) as session:
+        defaults = model_sampling_defaults(session.model.meta)
+        if entry:
+            defaults.update(entry.sampling)
+        state = ChatState(Conversation(session, system=system,
+                                       context_policy=flags["context_policy"]),
+                          SamplingParams.resolve(defaults, overrides), resolved.reference)
+        messages = _terminal_messages(resolved.reference) if sys.stdin.isatty() else _piped_messages()
+        for text in messages:
+            if not state.handle(text):
+                break
+
+
+class ChatState:
+    """The conversation, its sampling parameters, and what the slash commands act on."""
+
+    def __init__(self, conversation: Any, params: Any, model_name: str) -> None:
+        self.conversation = conversation
+        self.params = params
+        self.model_name = model_name
+        self.last: Any = None
+
+    def handle(self, text: str) -> bool:
+        """One line of input; False means leave."""
+        if not text.strip():
+            return True
+        if text.startswith("/"):
+            return self.command(text)
+        try:
+            self._stream(self.conversation.send(text, self.params))
+        except InferError as e:  # this turn fails; the chat goes on
+            _note(f"error: {e}")
+        return True
+
+    def command(self, text: str) -> bool:
+        name, _, arg = text.strip().partition(" ")
+        arg = arg.strip()
+        try:
+            if name in ("/exit", "/bye"):
+                return False
+            if name == "/help":
+                _say(HELP)
+            elif name == "/clear":
+                self.conversation.clear()
+                _note("new conversation")
+            elif name == "/system":
+                self.conversation.set_system(arg or None)
+                _note("system prompt set" if arg else "system prompt removed")
+            elif name == "/set":
+                self._set(arg)
+            elif name == "/undo":
+                _note("removed the last exchange" if self.conversation.undo() else "nothing to undo")
+            elif name == "/retry":
+                self._stream(self.conversation.retry(self.params))
+            elif name == "/stats":
+                self._stats()
+            elif name == "/tokens":
+                used, n_ctx = len(self.conversation.tokens()), self.conversation.session.n_ctx
+                _say(f"{used} of {n_ctx} tokens in context ({used / n_ctx:.0%})")
+            elif name == "/show":
+                model = self.conversation.session.model
+                _say(f"model: {self.model_name} ({model.description()}, {model.n_params / 1e6:.0f}M params)\n"
+                     f"context: {self.conversation.session.n_ctx} tokens\n"
+                     f"system: {self.conversation.system or '(none)'}\n"
+                     f"template: {(model.chat_template() or 'chatml (built-in)')[:200]}")
+            else:
+                _note(f"unknown command {name} (/help lists them)")
+        except InferError as e:
+            _note(f"error: {e}")
+        return True
+
+    def _set(self, arg: str) -> None:
+        from infer.runtime.sampling import SamplingParams
+
+        names = [f.name for f in fields(SamplingParams) if not f.name.startswith("_")]
+        if not arg:
+            _say("\n".join(f"{n} = {getattr(self.params, n)!r}" for n in names))
+            return
+        key, _, value = arg.partition(" ")
+        key = {"temp": "temperature", "max-tokens": "max_tokens"}.get(key, key.replace("-", "_"))
+        if key not in names:
+            raise UsageError(f"unknown parameter {key!r}")
+        current = getattr(self.params, key)
+        try:
+            parsed: Any = (int(value) if isinstance(current, int) and not isinstance(current, bool)
+                           else float(value) if isinstance(current, float)
+                           else value.lower() in ("1", "true", "on", "yes") if isinstance(current, bool)
+                           else None if value in ("", "none") and key == "max_tokens"
+                           else int(value) if key in ("max_tokens", "seed") else value)
+        except ValueError:
+            raise UsageError(f"{key} needs a number, not {value!r}") from None
+        self.params = replace(self.params, **{key: parsed})
+        _note(f"{key} = {parsed!r}")
+
+    def _stats(self) -> None:
+        if self.last is None:
+            _say("no reply yet")
+            return
+        c = self.last
+        _say(f"context: {len(self.conversation.tokens())} tokens; last turn: {c.usage.prompt_tokens} "
+             f"prompt tokens ({c.usage.cached_tokens} cached, {c.timings.prefill_tokens} prefilled), "
+             f"{c.usage.completion_tokens} generated; time to first token {c.timings.ttft_ms:.0f} ms; "
+             f"prefill {c.timings.prefill_tps:.1f} tokens/s; "
+             f"decode {c.timings.decode_tps(c.usage.completion_tokens):.1f} tokens/s")
+
+    def _stream(self, events: Iterator[Any]) -> None:
+        from infer.runtime.conversation import Dropped
+        from infer.runtime.session import Completion, Piece
+
+        ends_with_newline = True
+        try:
+            for event in events:
+                if isinstance(event, Piece):
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+                    ends_with_newline = event.text.endswith("\n")
+                elif isinstance(event, Dropped):
+                    _note(f"context full: dropped the {event.exchanges} oldest exchange(s)")
+                elif isinstance(event, Completion):
+                    self.last = event
+        except KeyboardInterrupt:
+            if not sys.stdin.isatty():
+                raise
+            _note("(stopped)")
+        if not ends_with_newline:
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def _say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _note(text: str) -> None:
+    """A dim line on stderr (plain when it is not a terminal)."""
+    if sys.stderr.isatty():
+        text = f"\033[2m{text}\033[0m"
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def _piped_messages() -> Iterator[str]:
+    """One message per line, or per block between lines of three double quotes."""
+    block: list[str] | None = None
+    for raw in sys.stdin:
+        line = raw.rstrip("\n")
+        if block is not None:
+            if line.strip() == '"""':
+                yield "\n".join(block)
+                block = None
+            else:
+                block.append(line)
+        elif line.strip() == '"""':
+            block = []
+        elif line.startswith('"""'):
+            block = [line[3:]]
+        else:
+            yield line
+    if block:
+        yield "\n".join(block)
+
+
+def _terminal_messages(model_name: str) -> Iterator[str]:
+    """Lines from a real line editor, with history per model in infer's home folder."""
+    import re
+
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory
+    from prompt_toolkit.key_binding import KeyBindings
+
+    from infer.quant.paths import infer_home
+
+    history_dir = infer_home() / "history"
+    history_dir.mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)[:100]
+    keys = KeyBindings()
+
+    @keys.add("escape", "enter")
+    def _newline(event: Any) -> None:
+        event.current_buffer.insert_text("\n")
+
+    session: Any = PromptSession(history=FileHistory(str(history_dir / f"{safe}.txt")),
+                                 key_bindings=keys)
+    _note("/help for commands, Ctrl-D to leave; \"\"\" or Alt-Enter for several lines")
+    while True:
+        try:
+            text = session.prompt(">>> ")
+        except KeyboardInterrupt:
+            _note("(Ctrl-D or /exit to leave)")
+            continue
+        except EOFError:
+            return
+        if text.strip() == '"""' or (text.startswith('"""') and not text.rstrip().endswith('"""', 3)):
+            lines = [text.strip()[3:]] if text.strip() != '"""' else []
+            while True:
+                try:
+                    more = session.prompt("... ")
+                except (KeyboardInterrupt, EOFError):
+                    break
+                if more.rstrip().endswith('"""'):
+                    lines.append(more.rstrip()[:-3])
+                    break
+                lines.append(more)
+            text = "\n".join(line for line in lines).strip("\n")
+        elif text.startswith('"""') and text.rstrip().endswith('"""'):
+            text = text.strip()[3:-3]
+        yield text

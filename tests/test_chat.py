@@ -1,0 +1,57 @@
+"""`infer chat` with piped input: one message per line, slash commands, replies on stdout."""
+
+from __future__ import annotations
+
+from conftest import run_cli
+
+
+def chat(model, script, *flags):
+    return run_cli("chat", model, "-n", "4", "--temp", "0", *flags, input=script)
+
+
+def test_piped_messages_get_one_reply_each(tiny_qwen):
+    r = chat(tiny_qwen, "Hello\nHow are you?\n")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.strip().splitlines()) == 2
+
+
+def test_retry_repeats_a_greedy_reply_and_undo_forgets(tiny_qwen):
+    r = chat(tiny_qwen, "Hello\n/retry\n/undo\n/tokens\n")
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == lines[1]  # greedy: the retried reply is the same
+    assert "removed the last exchange" in r.stderr
+    system_only = chat(tiny_qwen, "/tokens\n").stdout.strip()
+    assert lines[2] == system_only  # after /undo the context is back to the empty conversation
+
+
+def test_triple_quoted_block_is_one_message(tiny_qwen):
+    r = chat(tiny_qwen, '"""\nline one\nline two\n"""\n/stats\n')
+    assert r.returncode == 0, r.stderr
+    assert "1 generated" not in r.stdout and "prompt tokens" in r.stdout
+
+
+def test_set_system_clear_and_unknown_commands_keep_the_chat_going(tiny_qwen):
+    r = chat(tiny_qwen, "/set temp 0.5\n/set top_k nope\n/system Be brief.\n/show\n/clear\n/nope\nHi\n")
+    assert r.returncode == 0, r.stderr
+    assert "temperature = 0.5" in r.stderr
+    assert "needs a number" in r.stderr
+    assert "system: Be brief." in r.stdout
+    assert "unknown command /nope" in r.stderr
+    assert r.stdout.strip().splitlines()[-1]  # the reply to "Hi"
+
+
+def test_set_alone_lists_parameters(tiny_qwen):
+    r = chat(tiny_qwen, "/set\n")
+    assert "temperature = 0.0" in r.stdout and "top_k = " in r.stdout
+
+
+def test_exit_stops_reading(tiny_qwen):
+    r = chat(tiny_qwen, "/exit\nHello\n")
+    assert r.returncode == 0 and r.stdout == ""
+
+
+def test_context_policy_error_refuses_the_turn_with_a_message(tiny_qwen):
+    r = run_cli("chat", tiny_qwen, "-c", "256", "-n", "8", "--temp", "0", "--context-policy", "error",
+                input="".join(f"Message {i}: {'words ' * 12}\n" for i in range(12)))
+    assert r.returncode == 0, r.stderr
+    assert "do not fit the context" in r.stderr
