@@ -28,7 +28,9 @@ HELP = """commands:
   /retry             generate the last reply again
   /stats             tokens, cached tokens, last turn's speed and time to first token
   /tokens            how full the context is
-  /show              model, template and parameters"""
+  /show              model, template and parameters
+  /save NAME         save the conversation and its KV cache
+  /load NAME         continue a saved conversation"""
 
 
 @o.model_command(
@@ -39,6 +41,8 @@ HELP = """commands:
     ("context_policy", Annotated[str, typer.Option(
         "--context-policy", help="When the context is full: drop-oldest (exchanges) or error.")],
      "drop-oldest"),
+    ("session_name", Annotated[str | None, typer.Option(
+        "--session", help="Continue a conversation saved with /save NAME.")], None),
 )
 def chat(ctx: typer.Context, **flags: Any) -> None:
     """Chat with a model; each turn prefills only the new message."""
@@ -69,6 +73,8 @@ def _chat(flags: Mapping[str, Any]) -> None:
         state = ChatState(Conversation(session, system=system,
                                        context_policy=flags["context_policy"]),
                           SamplingParams.resolve(defaults, overrides), resolved.reference)
+        if flags["session_name"]:
+            state.load(flags["session_name"])
         messages = _terminal_messages(resolved.reference) if sys.stdin.isatty() else _piped_messages()
         for text in messages:
             if not state.handle(text):
@@ -121,6 +127,10 @@ class ChatState:
             elif name == "/tokens":
                 used, n_ctx = len(self.conversation.tokens()), self.conversation.session.n_ctx
                 _say(f"{used} of {n_ctx} tokens in context ({used / n_ctx:.0%})")
+            elif name == "/save":
+                self.save(arg)
+            elif name == "/load":
+                self.load(arg)
             elif name == "/show":
                 model = self.conversation.session.model
                 _say(f"model: {self.model_name} ({model.description()}, {model.n_params / 1e6:.0f}M params)\n"
@@ -132,6 +142,49 @@ class ChatState:
         except InferError as e:
             _note(f"error: {e}")
         return True
+
+    def save(self, name: str) -> None:
+        """Messages, parameters and the KV state, written atomically under INFER_HOME/sessions."""
+        import hashlib
+        import json
+
+        from infer.quant.atomic import write_atomic
+
+        folder = _session_folder(name)
+        tokens, kv = self.conversation.session.save_state()
+        write_atomic(folder / "kv.bin", kv)
+        meta = {"version": 1, "fingerprint": self.conversation.session.fingerprint(),
+                "messages": self.conversation.messages, "tokens": tokens,
+                "params": _params_dict(self.params), "kv_sha256": hashlib.sha256(kv).hexdigest()}
+        write_atomic(folder / "session.json", json.dumps(meta).encode())
+        _note(f"saved session {name!r} ({len(tokens)} tokens in the cache)")
+
+    def load(self, name: str) -> None:
+        """Restore a saved conversation; its KV state too when it fits this model and context."""
+        import hashlib
+        import json
+
+        from infer.runtime.sampling import SamplingParams
+
+        folder = _session_folder(name)
+        try:
+            meta = json.loads((folder / "session.json").read_text(encoding="utf-8"))
+            kv = (folder / "kv.bin").read_bytes()
+        except (OSError, ValueError) as e:
+            raise UsageError(f"no saved session {name!r} ({e})") from None
+        session = self.conversation.session
+        self.conversation.messages = list(meta["messages"])
+        known = {f.name for f in fields(SamplingParams)}
+        self.params = replace(self.params, **{k: tuple(map(tuple, v)) if k == "logit_bias"
+                                              else tuple(v) if isinstance(v, list) else v
+                                              for k, v in meta["params"].items() if k in known})
+        same = (meta.get("fingerprint") == session.fingerprint()
+                and hashlib.sha256(kv).hexdigest() == meta.get("kv_sha256"))
+        if same and session.restore_state(list(meta["tokens"]), kv):
+            _note(f"loaded session {name!r}")
+        else:
+            _note(f"loaded session {name!r}; it was saved with another model or context "
+                  "settings, so the next turn reads the whole conversation again")
 
     def _set(self, arg: str) -> None:
         from infer.runtime.sampling import SamplingParams
@@ -270,3 +323,17 @@ def _terminal_messages(model_name: str) -> Iterator[str]:
         elif text.startswith('"""') and text.rstrip().endswith('"""'):
             text = text.strip()[3:-3]
         yield text
+
+
+def _session_folder(name: str) -> Any:
+    import re
+
+    from infer.quant.paths import infer_home
+
+    if not name or not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", name) or name.startswith("."):
+        raise UsageError("a session name is letters, digits, '.', '_' or '-'")
+    return infer_home() / "sessions" / name
+
+
+def _params_dict(params: Any) -> dict[str, Any]:
+    return {f.name: getattr(params, f.name) for f in fields(params) if not f.name.startswith("_")}

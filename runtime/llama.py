@@ -169,6 +169,7 @@ class Model:
         if self._ptr:
             C.llama_model_free(self._ptr)
             self._ptr = None
+            self.vocab = None  # the vocabulary belongs to the model: never use it freed
 
     def __enter__(self) -> Model:
         return self
@@ -211,6 +212,8 @@ class Model:
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """Text -> token ids. `parse_special` lets control-token text become control tokens."""
+        if not self.vocab:
+            raise LlamaError("the model was already closed")
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (C.llama_token * cap)()
@@ -296,6 +299,7 @@ class Context:
                 f"llama.cpp could not create a context of {n_ctx} tokens "
                 "(out of memory? try a smaller -c/--ctx-size; -v shows details)"
             )
+        self.params = params
         self.n_ctx = int(C.llama_n_ctx(self._ptr))
         self.n_batch = int(C.llama_n_batch(self._ptr))
         self.n_threads = threads
@@ -386,6 +390,18 @@ class Context:
         if not ptr:
             raise LlamaError(f"no logits for output {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def seq_state(self, seq_id: int = 0) -> bytes:
+        """The KV state of one sequence (llama.cpp's sequence state), to restore later."""
+        size = int(C.llama_state_seq_get_size(self._ptr, seq_id))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(C.llama_state_seq_get_data(self._ptr, buf, size, seq_id))
+        return bytes(buf[:written])
+
+    def set_seq_state(self, data: bytes, seq_id: int = 0) -> bool:
+        """Load a sequence state saved by `seq_state`; False if llama.cpp refuses it."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return int(C.llama_state_seq_set_data(self._ptr, buf, len(data), seq_id)) > 0
 
     def memory_seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end)."""

@@ -173,6 +173,30 @@ class Session:
                 self.tokens.extend(chunk)
         return keep
 
+    def fingerprint(self) -> dict[str, object]:
+        """What a saved KV state depends on: the model file, the context's layout, llama.cpp."""
+        from infer.runtime.llama import llama_cpp_version
+
+        st = self.model.path.stat()
+        p = self.context.params
+        return {"model": str(self.model.path.resolve()), "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx, "type_k": p.cache_type_k,
+                "type_v": p.cache_type_v, "llama_cpp": llama_cpp_version()}
+
+    def save_state(self) -> tuple[list[int], bytes]:
+        """The tokens the KV cache holds and its state."""
+        return list(self.tokens), self.context.seq_state(SEQ_ID)
+
+    def restore_state(self, tokens: list[int], data: bytes) -> bool:
+        """Put a saved KV state back; False (and an empty cache) if it does not load."""
+        self.context.memory_clear()
+        self.tokens.clear()
+        if not self.context.set_seq_state(data, SEQ_ID):
+            self.context.memory_clear()
+            return False
+        self.tokens.extend(tokens)
+        return True
+
     def decode_token(self, token: int) -> None:
         """Append one token to the KV cache and compute its logits."""
         self._batch.set_one(token, len(self.tokens), SEQ_ID)

@@ -55,3 +55,26 @@ def test_context_policy_error_refuses_the_turn_with_a_message(tiny_qwen):
                 input="".join(f"Message {i}: {'words ' * 12}\n" for i in range(12)))
     assert r.returncode == 0, r.stderr
     assert "do not fit the context" in r.stderr
+
+
+def test_save_and_load_continue_with_the_cache(tiny_qwen, infer_home):
+    saved = chat(tiny_qwen, "Hello\nTell me more\n/save talk\n")
+    assert "saved session 'talk'" in saved.stderr
+    resumed = chat(tiny_qwen, "Go on\n/stats\n", "--session", "talk")
+    assert "loaded session 'talk'" in resumed.stderr and "again" not in resumed.stderr
+    stats = resumed.stdout.strip().splitlines()[-1]
+    cached = int(stats.split("(")[1].split(" cached")[0])
+    assert cached > 20  # the history came from the saved KV state, not a new prefill
+
+
+def test_a_session_from_other_settings_is_read_again(tiny_qwen, infer_home):
+    chat(tiny_qwen, "Hello\n/save other\n")
+    r = chat(tiny_qwen, "Go on\n/stats\n", "--session", "other", "-c", "1024")
+    assert "reads the whole conversation again" in r.stderr
+    assert "(0 cached" in r.stdout
+
+
+def test_loading_a_missing_session_is_one_line(tiny_qwen):
+    r = chat(tiny_qwen, "/load nothing-here\nHi\n")
+    assert r.returncode == 0
+    assert "no saved session 'nothing-here'" in r.stderr

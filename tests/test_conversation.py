@@ -79,3 +79,27 @@ def test_error_policy_refuses_instead(tiny_qwen):
             for i in range(12):
                 turn(conv, f"Message number {i}: " + "words " * 12,
                      SamplingParams(temperature=0.0, max_tokens=8))
+
+
+def test_a_restored_state_continues_exactly(tiny_qwen):
+    import numpy as np
+
+    def first_token_logits(conv, text):
+        tokens = conv.tokens([*conv.messages, {"role": "user", "content": text}])
+        cached = conv.session.prefill(tokens)
+        return conv.session.context.logits(-1), len(tokens) - cached
+
+    with Session.open(tiny_qwen, ContextParams(n_ctx=512)) as session:
+        conv = Conversation(session, system="Be kind.")
+        turn(conv, "Hello there.")
+        turn(conv, "What is a lake?")
+        saved_tokens, state = session.save_state()
+        messages = list(conv.messages)
+        expected, _ = first_token_logits(conv, "And a river?")
+    with Session.open(tiny_qwen, ContextParams(n_ctx=512)) as fresh:
+        assert fresh.restore_state(saved_tokens, state)
+        conv = Conversation(fresh)
+        conv.messages = messages
+        got, prefilled = first_token_logits(conv, "And a river?")
+        assert prefilled <= new_message_tokens(conv, "And a river?") + MARKUP
+    assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-3
