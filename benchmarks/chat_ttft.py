@@ -1,0 +1,60 @@
+"""Time to first token of a short chat message: after a 3,000-token history vs an empty chat.
+
+    python benchmarks/chat_ttft.py MODEL.gguf [-r 5] [-t THREADS]
+
+The history is prefilled once; each measured turn then sends the same short message
+and is undone, so the cache keeps the history. The empty-chat figure is the same
+message on a conversation with no history, measured in the same run. Target: ≤ 1.3×.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+from infer.runtime.conversation import Conversation
+from infer.runtime.params import ContextParams
+from infer.runtime.sampling import SamplingParams
+from infer.runtime.session import Completion, Session
+
+MESSAGE = "Thanks. In one sentence, what did we just discuss?"
+PARAGRAPH = ("The river rises in the hills north of the town and runs south through farmland, "
+             "where it is crossed by three stone bridges built in the eighteenth century. ")
+
+
+def ttft(conv: Conversation, params: SamplingParams) -> float:
+    done = next(e for e in conv.send(MESSAGE, params) if isinstance(e, Completion))
+    conv.undo()
+    return done.timings.ttft_ms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("-r", "--repetitions", type=int, default=5)
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    with Session.open(args.model, ContextParams(n_ctx=4096, n_threads=args.threads)) as session:
+        history = Conversation(session)
+        while not history.messages or len(history.tokens()) < 3000:
+            history.messages += [{"role": "user", "content": PARAGRAPH * 8},
+                                 {"role": "assistant", "content": PARAGRAPH * 4}]
+        n_history = len(history.tokens())
+        session.prefill(history.tokens())
+        empty = Conversation(session)
+        with_history, without = [], []
+        for _ in range(args.repetitions):
+            without.append(ttft(empty, params))
+            session.prefill(history.tokens())  # bring the history back into the cache
+            with_history.append(ttft(history, params))
+        a, b = statistics.median(with_history), statistics.median(without)
+    print(f"model: {args.model}   threads: {args.threads}   history: {n_history} tokens")
+    print(f"time to first token, empty chat      {b:8.1f} ms")
+    print(f"time to first token, 3,000-token chat {a:7.1f} ms")
+    print(f"ratio                                 {a / b:7.2f}  (target <= 1.3)")
+
+
+if __name__ == "__main__":
+    main()
