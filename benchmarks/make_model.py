@@ -4,13 +4,12 @@
 
 About 270M parameters by default (the 128k-token vocabulary alone is 2 x 98M in the
 embeddings and output). The F16 file is quantized to Q8_0 with llama.cpp's own
-quantizer through the bindings.
+quantizer, through infer's quantize step.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 from pathlib import Path
 
@@ -19,18 +18,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from tiny_model import build_llama_gguf  # noqa: E402
 
-from infer.runtime.llama import C, init_backend  # noqa: E402
-
-
-def quantize(src: Path, dst: Path, ftype: int) -> None:
-    init_backend()
-    params = C.llama_model_quantize_default_params()
-    params.ftype = ftype
-    tmp = dst.with_name(dst.name + ".tmp")
-    rc = C.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise SystemExit(f"quantization failed ({rc})")
-    tmp.replace(dst)
+from infer.quant.quantize import quantize  # noqa: E402
 
 
 def main() -> None:
@@ -45,7 +33,7 @@ def main() -> None:
     build_llama_gguf(f16, vocab="llama-bpe", n_embd=args.embd, n_layer=args.layers,
                      n_head=args.heads, n_head_kv=args.heads // 3 or 1, n_ff=args.ff,
                      n_ctx_train=4096, f16=True)
-    quantize(f16, args.out, C.LLAMA_FTYPE_MOSTLY_Q8_0)
+    quantize(f16, args.out, "Q8_0")
     f16.unlink()
     print(args.out)
 
