@@ -55,9 +55,7 @@ def _chat(flags: Mapping[str, Any]) -> None:
     from infer.runtime.session import Session
 
     if flags["verbose"]:
-        from infer.cli.run import _log_to_stderr
-
-        _log_to_stderr()
+        o.log_to_stderr()
     overrides = o.sampling_overrides(flags)
     SamplingParams.resolve({}, overrides)
     cparams = o.context_params(flags)

@@ -9,6 +9,7 @@ parameter list is ever written out twice.
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -243,3 +244,12 @@ def model_command(*own: tuple[str, Any, Any]) -> Callable[[Callable[..., Any]], 
         fn.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         return fn
     return decorate
+
+
+def log_to_stderr() -> None:
+    """-v/--verbose: llama.cpp's log (through `logging`) on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("infer")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

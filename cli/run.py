@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
@@ -45,7 +44,7 @@ def execute(flags: Mapping[str, Any]) -> None:
     from infer.runtime.session import Session
 
     if flags["verbose"]:
-        _log_to_stderr()
+        o.log_to_stderr()
     if flags["raw"] and flags["system"] is not None:
         raise UsageError("--raw sends the prompt as is; it cannot take a -s/--system prompt")
     overrides = o.sampling_overrides(flags)
@@ -161,11 +160,3 @@ def _print_stats(c: Any) -> None:
     ]
     sys.stderr.write("".join(f"infer: {line}\n" for line in lines))
     sys.stderr.flush()
-
-
-def _log_to_stderr() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger = logging.getLogger("infer")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
