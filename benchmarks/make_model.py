@@ -1,6 +1,10 @@
 """Build the benchmark model: a random-weight llama with the real Llama 3 vocabulary, Q8_0.
 
-    python benchmarks/make_model.py OUT.gguf [--embd 768 --layers 12 --ff 2048]
+    python benchmarks/make_model.py OUT.gguf [--embd 768 --layers 12 --heads 12 --ff 2048]
+
+A Llama 3.2 1B shape (1.2B parameters), for figures where the weights should dominate:
+
+    python benchmarks/make_model.py OUT.gguf --embd 2048 --layers 16 --heads 32 --kv-heads 8 --ff 8192
 
 About 270M parameters by default (the 128k-token vocabulary alone is 2 x 98M in the
 embeddings and output). The F16 file is quantized to Q8_0 with llama.cpp's own
@@ -27,11 +31,12 @@ def main() -> None:
     ap.add_argument("--embd", type=int, default=768)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--kv-heads", type=int, default=0, help="default: a third of --heads")
     ap.add_argument("--ff", type=int, default=2048)
     args = ap.parse_args()
     f16 = args.out.with_name(args.out.stem + "-f16.gguf")
     build_llama_gguf(f16, vocab="llama-bpe", n_embd=args.embd, n_layer=args.layers,
-                     n_head=args.heads, n_head_kv=args.heads // 3 or 1, n_ff=args.ff,
+                     n_head=args.heads, n_head_kv=args.kv_heads or args.heads // 3 or 1, n_ff=args.ff,
                      n_ctx_train=4096, f16=True)
     quantize(f16, args.out, "Q8_0")
     f16.unlink()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import fields, replace
+from dataclasses import fields
+from functools import partial
 from typing import Annotated, Any
 
 import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.render import reply_writer
 from infer.runtime.errors import InferError, UsageError
 
 HELP = """commands:
@@ -29,6 +31,7 @@ HELP = """commands:
   /stats             tokens, cached tokens, last turn's speed and time to first token
   /tokens            how full the context is
   /show              model, template and parameters
+  /model MODEL       switch to another model, keeping the conversation
   /save NAME         save the conversation and its KV cache
   /load NAME         continue a saved conversation"""
 
@@ -43,6 +46,9 @@ HELP = """commands:
      "drop-oldest"),
     ("session_name", Annotated[str | None, typer.Option(
         "--session", help="Continue a conversation saved with /save NAME.")], None),
+    ("plain", Annotated[bool, typer.Option(
+        "--plain", help="Print replies as they come, without rendering Markdown.",
+        rich_help_panel=o.OUTPUT)], False),
 )
 def chat(ctx: typer.Context, **flags: Any) -> None:
     """Chat with a model; each turn prefills only the new message."""
@@ -50,43 +56,79 @@ def chat(ctx: typer.Context, **flags: Any) -> None:
 
 
 def _chat(flags: Mapping[str, Any]) -> None:
-    from infer.runtime.conversation import Conversation
-    from infer.runtime.sampling import SamplingParams, model_sampling_defaults
-    from infer.runtime.session import Session
+    from infer.runtime.sampling import SamplingParams
 
     if flags["verbose"]:
         o.log_to_stderr()
     overrides = o.sampling_overrides(flags)
-    SamplingParams.resolve({}, overrides)
-    cparams = o.context_params(flags)
-    resolved = o.resolve(flags)
-    entry = resolved.entry
-    if entry and entry.ctx_size and flags["ctx_size"] is None:
-        cparams = replace(cparams, n_ctx=entry.ctx_size)
-    system = flags["system"] if flags["system"] is not None else (entry.system if entry else None)
-    with Session.open(resolved.path, cparams) as session:
-        defaults = model_sampling_defaults(session.model.meta)
-        if entry:
-            defaults.update(entry.sampling)
-        state = ChatState(Conversation(session, system=system,
-                                       context_policy=flags["context_policy"]),
-                          SamplingParams.resolve(defaults, overrides), resolved.reference)
+    SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
+    o.context_params(flags)
+    loaded = _Loaded.open(flags, flags["model"])
+    system = flags["system"]
+    if system is None and loaded.entry:
+        system = loaded.entry.system
+    try:
+        state = ChatState(loaded, flags, overrides, system=system)
+    except BaseException:
+        loaded.session.close()
+        raise
+    with state:
         if flags["session_name"]:
             state.load(flags["session_name"])
-        messages = _terminal_messages(resolved.reference) if sys.stdin.isatty() else _piped_messages()
+        messages = _terminal_messages(loaded.reference) if sys.stdin.isatty() else _piped_messages()
         for text in messages:
             if not state.handle(text):
                 break
 
 
+class _Loaded:
+    """A model opened for the chat: its session, name, catalog entry and sampling defaults."""
+
+    def __init__(self, session: Any, reference: str, entry: Any) -> None:
+        self.session = session
+        self.reference = reference
+        self.entry = entry
+        self.defaults = o.model_sampling_defaults(session.model, entry)
+
+    @classmethod
+    def open(cls, flags: Mapping[str, Any], model: str) -> _Loaded:
+        return cls.load(flags, o.resolve({**flags, "model": model}))
+
+    @classmethod
+    def load(cls, flags: Mapping[str, Any], resolved: Any) -> _Loaded:
+        """Open a resolved model with the context the flags ask for."""
+        from infer.runtime.session import Session
+
+        session = Session.open(resolved.path, o.model_context_params(flags, resolved.entry))
+        return cls(session, resolved.reference, resolved.entry)
+
+
 class ChatState:
     """The conversation, its sampling parameters, and what the slash commands act on."""
 
-    def __init__(self, conversation: Any, params: Any, model_name: str) -> None:
-        self.conversation = conversation
-        self.params = params
-        self.model_name = model_name
+    def __init__(self, loaded: _Loaded, flags: Mapping[str, Any], overrides: dict[str, Any], *,
+                 system: str | None) -> None:
+        from infer.runtime.conversation import Conversation
+        from infer.runtime.sampling import SamplingParams
+
+        self.conversation = Conversation(loaded.session, system=system,
+                                         context_policy=flags["context_policy"])
+        self.loaded = loaded
+        self.flags = flags
+        self.overrides = overrides  # what the user set (flags, /set, /load): kept across /model
+        self.params = SamplingParams.resolve(loaded.defaults, overrides)
+        self.reply = partial(reply_writer, flags["plain"])
         self.last: Any = None
+
+    def __enter__(self) -> ChatState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loaded.session.close()
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.reference
 
     def handle(self, text: str) -> bool:
         """One line of input; False means leave."""
@@ -129,6 +171,8 @@ class ChatState:
                 self.save(arg)
             elif name == "/load":
                 self.load(arg)
+            elif name == "/model":
+                self._model(arg)
             elif name == "/show":
                 model = self.conversation.session.model
                 _say(f"model: {self.model_name} ({model.description()}, {model.n_params / 1e6:.0f}M params)\n"
@@ -140,6 +184,13 @@ class ChatState:
         except InferError as e:
             _note(f"error: {e}")
         return True
+
+    def _model(self, arg: str) -> None:
+        if not arg:
+            _say(f"model: {self.model_name}")
+            return
+        self.switch(arg)
+        _note(f"now chatting with {self.model_name}; the next turn reads the conversation again")
 
     def save(self, name: str) -> None:
         """Messages, parameters and the KV state, written atomically under INFER_HOME/sessions."""
@@ -162,8 +213,6 @@ class ChatState:
         import hashlib
         import json
 
-        from infer.runtime.sampling import SamplingParams
-
         folder = _session_folder(name)
         try:
             meta = json.loads((folder / "session.json").read_text(encoding="utf-8"))
@@ -172,10 +221,7 @@ class ChatState:
             raise UsageError(f"no saved session {name!r} ({e})") from None
         session = self.conversation.session
         self.conversation.messages = list(meta["messages"])
-        known = {f.name for f in fields(SamplingParams)}
-        self.params = replace(self.params, **{k: tuple(map(tuple, v)) if k == "logit_bias"
-                                              else tuple(v) if isinstance(v, list) else v
-                                              for k, v in meta["params"].items() if k in known})
+        self._set_params({k: _from_json(k, v) for k, v in meta["params"].items() if k in _param_names()})
         same = (meta.get("fingerprint") == session.fingerprint()
                 and hashlib.sha256(kv).hexdigest() == meta.get("kv_sha256"))
         if same and session.restore_state(list(meta["tokens"]), kv):
@@ -184,28 +230,54 @@ class ChatState:
             _note(f"loaded session {name!r}; it was saved with another model or context "
                   "settings, so the next turn reads the whole conversation again")
 
-    def _set(self, arg: str) -> None:
+    def switch(self, model: str, **flag_changes: Any) -> None:
+        """Another model (or the same one with other context flags), keeping the conversation.
+
+        The old model is closed before the new one loads, so that both are never in
+        memory at once; if the new one fails to load, the old one is opened again.
+        """
+        from infer.runtime.conversation import Conversation
+
+        flags = {**self.flags, **flag_changes}
+        o.context_params(flags)  # bad values and unknown models fail before anything is closed
+        resolved = o.resolve({**flags, "model": model})
+        old = self.loaded
+        old.session.close()
+        try:
+            loaded = _Loaded.load(flags, resolved)
+        except BaseException:
+            self.loaded = _Loaded.open(self.flags, old.reference)
+            self.conversation.session = self.loaded.session
+            raise
+        conversation = Conversation(loaded.session, context_policy=self.conversation.context_policy)
+        conversation.messages = self.conversation.messages
+        self.conversation, self.loaded, self.flags = conversation, loaded, flags
+        self._set_params(self.overrides)
+
+    def _set_params(self, overrides: dict[str, Any]) -> None:
         from infer.runtime.sampling import SamplingParams
 
-        names = [f.name for f in fields(SamplingParams) if not f.name.startswith("_")]
+        self.params = SamplingParams.resolve(self.loaded.defaults, overrides)
+        self.overrides = overrides
+
+    def _set(self, arg: str) -> None:
+        names = _param_names()
         if not arg:
-            _say("\n".join(f"{n} = {getattr(self.params, n)!r}" for n in names))
+            _say("\n".join([f"{n} = {getattr(self.params, n)!r}" for n in names]
+                           + [f"ctx = {self.conversation.session.n_ctx}"]))
             return
         key, _, value = arg.partition(" ")
-        key = {"temp": "temperature", "max-tokens": "max_tokens"}.get(key, key.replace("-", "_"))
+        value = value.strip()
+        key = _PARAM_ALIASES.get(key, key.replace("-", "_"))
+        if key == "ctx":
+            n_ctx = _parse_value("int", "ctx", value)
+            self.switch(self.loaded.reference, ctx_size=n_ctx)
+            _note(f"ctx = {self.conversation.session.n_ctx}; the next turn reads the conversation again")
+            return
         if key not in names:
-            raise UsageError(f"unknown parameter {key!r}")
-        current = getattr(self.params, key)
-        try:
-            parsed: Any = (int(value) if isinstance(current, int) and not isinstance(current, bool)
-                           else float(value) if isinstance(current, float)
-                           else value.lower() in ("1", "true", "on", "yes") if isinstance(current, bool)
-                           else None if value in ("", "none") and key == "max_tokens"
-                           else int(value) if key in ("max_tokens", "seed") else value)
-        except ValueError:
-            raise UsageError(f"{key} needs a number, not {value!r}") from None
-        self.params = replace(self.params, **{key: parsed})
-        _note(f"{key} = {parsed!r}")
+            raise UsageError(f"unknown parameter {key!r} (/set alone lists them)")
+        self._set_params({**self.overrides, key: _parse_value(_param_types()[key], key, value)})
+        _note(f"{key} = {getattr(self.params, key)!r}")
 
     def _stats(self) -> None:
         if self.last is None:
@@ -222,13 +294,12 @@ class ChatState:
         from infer.runtime.conversation import Dropped
         from infer.runtime.session import Completion, Piece
 
-        ends_with_newline = True
+        reply = None
         try:
             for event in events:
                 if isinstance(event, Piece):
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-                    ends_with_newline = event.text.endswith("\n")
+                    reply = reply or self.reply()
+                    reply.write(event.text)
                 elif isinstance(event, Dropped):
                     _note(f"context full: dropped the {event.exchanges} oldest exchange(s)")
                 elif isinstance(event, Completion):
@@ -236,10 +307,58 @@ class ChatState:
         except KeyboardInterrupt:
             if not sys.stdin.isatty():
                 raise
+            if reply:
+                reply.close()
+                reply = None
             _note("(stopped)")
-        if not ends_with_newline:
-            sys.stdout.write("\n")
-        sys.stdout.flush()
+        finally:
+            if reply:
+                reply.close()
+
+
+_PARAM_ALIASES = {"temp": "temperature", "max-tokens": "max_tokens", "num_ctx": "ctx", "ctx-size": "ctx",
+                  "ctx_size": "ctx"}
+
+
+def _param_names() -> list[str]:
+    from infer.runtime.sampling import SamplingParams
+
+    return [f.name for f in fields(SamplingParams) if not f.name.startswith("_")]
+
+
+def _param_types() -> dict[str, str]:
+    """Each sampling parameter's declared type, as written in SamplingParams."""
+    from infer.runtime.sampling import SamplingParams
+
+    return {f.name: str(f.type) for f in fields(SamplingParams)}
+
+
+def _parse_value(kind: str, key: str, value: str) -> Any:
+    """A /set value, read by the parameter's declared type ("none" clears an optional one)."""
+    from infer.runtime.sampling import parse_logit_bias
+
+    if kind.endswith("| None") and value.lower() in ("", "none"):
+        return None
+    kind = kind.removesuffix(" | None")
+    parsers: dict[str, Any] = {
+        "int": int, "float": float, "str": str,
+        "bool": lambda v: {"1": True, "true": True, "on": True, "yes": True,
+                           "0": False, "false": False, "off": False, "no": False}[v.lower()],
+        "tuple[str, ...]": lambda v: (v,) if v else (),
+        "tuple[tuple[int, float], ...]": lambda v: tuple(parse_logit_bias(x) for x in v.split()),
+    }
+    try:
+        return parsers[kind](value)
+    except (ValueError, KeyError):
+        what = {"int": "a whole number", "float": "a number", "bool": "on or off"}.get(kind, "a value")
+        raise UsageError(f"{key} needs {what}, not {value!r}") from None
+
+
+def _from_json(key: str, value: Any) -> Any:
+    """A saved parameter back in its SamplingParams form (JSON has lists, not tuples)."""
+    if key == "logit_bias":
+        return tuple(map(tuple, value))
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _say(text: str) -> None:

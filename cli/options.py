@@ -12,6 +12,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -191,6 +192,24 @@ def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
             schema = read_text_file(Path(schema[1:]), "JSON schema file")
         out["json_schema"] = schema
     return out
+
+
+def model_context_params(flags: Mapping[str, Any], entry: Any) -> ContextParams:
+    """context_params, with a catalog alias's context size unless --ctx-size was given."""
+    cparams = context_params(flags)
+    if entry and entry.ctx_size and flags.get("ctx_size") is None:
+        cparams = replace(cparams, n_ctx=entry.ctx_size)
+    return cparams
+
+
+def model_sampling_defaults(model: Any, entry: Any) -> dict[str, Any]:
+    """The model's recommended sampling (GGUF metadata), then its catalog alias's."""
+    from infer.runtime.sampling import model_sampling_defaults as from_metadata
+
+    defaults = from_metadata(model.meta)
+    if entry:
+        defaults.update(entry.sampling)
+    return defaults
 
 
 def context_params(flags: Mapping[str, Any]) -> ContextParams:
