@@ -1,6 +1,6 @@
 """Time to first token of a short chat message: after a 3,000-token history vs an empty chat.
 
-    python benchmarks/chat_ttft.py MODEL.gguf [-r 5] [-t THREADS]
+    python benchmarks/chat_ttft.py MODEL.gguf [-r 5] [-t THREADS] [-fa auto|on|off] [-ctk T -ctv T]
 
 The history is prefilled once and its KV state kept; each measured turn restores it,
 sends the same short message and is undone. The empty-chat figure is the same
@@ -34,9 +34,14 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("-r", "--repetitions", type=int, default=5)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("-fa", "--flash-attn", default="auto", choices=("auto", "on", "off"))
+    ap.add_argument("-ctk", "--cache-type-k", default="f16")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16")
     args = ap.parse_args()
     params = SamplingParams(temperature=0.0, max_tokens=1)
-    with Session.open(args.model, ContextParams(n_ctx=4096, n_threads=args.threads)) as session:
+    cparams = ContextParams(n_ctx=4096, n_threads=args.threads, flash_attn=args.flash_attn,
+                            cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v)
+    with Session.open(args.model, cparams) as session:
         history = Conversation(session)
         while not history.messages or len(history.tokens()) < 3000:
             history.messages += [{"role": "user", "content": PARAGRAPH * 8},
@@ -51,7 +56,8 @@ def main() -> None:
             session.restore_state(*saved)  # bring the history back into the cache
             with_history.append(ttft(history, params))
         a, b = statistics.median(with_history), statistics.median(without)
-    print(f"model: {args.model}   threads: {args.threads}   history: {n_history} tokens")
+    print(f"model: {args.model}   threads: {args.threads}   history: {n_history} tokens   "
+          f"flash attention: {args.flash_attn}   KV: {args.cache_type_k}/{args.cache_type_v}")
     print(f"time to first token, empty chat      {b:8.1f} ms")
     print(f"time to first token, 3,000-token chat {a:7.1f} ms")
     print(f"ratio                                 {a / b:7.2f}  (target <= 1.3)")

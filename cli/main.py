@@ -10,6 +10,7 @@ from infer.cli import __version__, models
 from infer.cli.bench import bench
 from infer.cli.chat import chat
 from infer.cli.errors import guarded
+from infer.cli.prompt_cache import cache_app
 from infer.cli.quantize import quantize
 from infer.cli.run import run
 
@@ -60,6 +61,7 @@ app.command("show", no_args_is_help=True)(models.show)
 app.command("rm", no_args_is_help=True)(models.rm)
 app.command("quantize", no_args_is_help=True)(quantize)
 app.command("bench", no_args_is_help=True)(bench)
+app.add_typer(cache_app, name="cache")
 
 
 def main() -> None:

@@ -59,7 +59,7 @@ def _list(flags: Mapping[str, Any]) -> None:
     for m in models:
         name = m.alias or m.repo
         parts = f" (+{len(m.files) - 1} parts)" if len(m.files) > 1 else ""
-        table.add_row(name, m.path.name + parts, m.quant, _size(m.size), _ago(m.last_used),
+        table.add_row(name, m.path.name + parts, m.quant, human_size(m.size), human_ago(m.last_used),
                       str(m.path.parent))
     Console(soft_wrap=True).print(table)
 
@@ -127,15 +127,15 @@ def _rm(flags: Mapping[str, Any]) -> None:
     if not flags["yes"]:
         if not sys.stdin.isatty():
             raise UsageError(f"refusing to remove {names} without confirmation: add -y")
-        answer = input(f"Remove {names} ({_size(total)})? [y/N] ")
+        answer = input(f"Remove {names} ({human_size(total)})? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             sys.stderr.write("infer: nothing removed\n")
             return
     freed = remove(models)
-    sys.stderr.write(f"infer: removed {names} ({_size(freed)} freed)\n")
+    sys.stderr.write(f"infer: removed {names} ({human_size(freed)} freed)\n")
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -147,7 +147,7 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-def _ago(t: float | None) -> str:
+def human_ago(t: float | None) -> str:
     if t is None:
         return "never"
     seconds = max(0, time.time() - t)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,9 +17,10 @@ from infer.runtime.errors import UsageError
 
 
 @o.model_command(
-    ("model", Annotated[str, typer.Argument(
-        help="A .gguf file, an alias from models.toml, or a Hub repo owner/repo[:QUANT].",
-        show_default=False)], ...),
+    ("model", Annotated[str | None, typer.Argument(
+        help="A .gguf file, an alias from models.toml, or a Hub repo owner/repo[:QUANT]. "
+             "With --continue, a single argument is the PROMPT and the model is the conversation's.",
+        show_default=False)], None),
     ("prompt", Annotated[str | None, typer.Argument(
         help="The prompt. Piped stdin comes first; '-' means stdin alone.", show_default=False)], None),
     ("system", Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")], None),
@@ -30,6 +30,13 @@ from infer.runtime.errors import UsageError
         "--chat-template-file", help="A Jinja chat template to use instead of the model's.")], None),
     ("show_prompt", Annotated[bool, typer.Option(
         "--show-prompt", help="Print the rendered prompt and exit.")], False),
+    ("continue_last", Annotated[bool, typer.Option(
+        "-C", "--continue", help="Continue the last conversation: its messages are the history.")],
+     False),
+    ("conversation_id", Annotated[str | None, typer.Option(
+        "--conversation", help="Continue this conversation (its id is shown by -v and --json).")], None),
+    ("no_cache", Annotated[bool, typer.Option(
+        "--no-cache", help="Do not use or fill the prompt cache on disk for this run.")], False),
     ("json_output", Annotated[bool, typer.Option(
         "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)],
      False),
@@ -40,70 +47,116 @@ def run(ctx: typer.Context, **flags: Any) -> None:
 
 
 def execute(flags: Mapping[str, Any]) -> None:
-    from infer.runtime.sampling import SamplingParams, model_sampling_defaults
+    from infer.cli import conversations
+    from infer.runtime.sampling import SamplingParams
     from infer.runtime.session import Session
 
     if flags["verbose"]:
         o.log_to_stderr()
     if flags["raw"] and flags["system"] is not None:
         raise UsageError("--raw sends the prompt as is; it cannot take a -s/--system prompt")
+    continuing = flags["continue_last"] or flags["conversation_id"] is not None
+    if flags["raw"] and continuing:
+        raise UsageError("--raw has no conversation to continue")
     overrides = o.sampling_overrides(flags)
     SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
-    cparams = o.context_params(flags)
+    o.context_params(flags)  # bad values fail before the model loads
     template = None
     if flags["chat_template_file"] is not None:
         template = o.read_text_file(flags["chat_template_file"], "chat template file")
-    text = combine_prompt(flags["prompt"], sys.stdin.buffer, sys.stdin.isatty())
+    model, prompt_arg = flags["model"], flags["prompt"]
+    record = conversations.load(flags["conversation_id"]) if continuing else None
+    if record is not None and prompt_arg is None:
+        model, prompt_arg = record.model, model  # `infer run -C "next question"`
+    if model is None:
+        raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT])")
+    text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
 
-    resolved = o.resolve(flags)
+    resolved = o.resolve({**flags, "model": model})
     entry = resolved.entry  # an alias's defaults apply unless a flag says otherwise
-    if entry and entry.ctx_size and flags["ctx_size"] is None:
-        cparams = replace(cparams, n_ctx=entry.ctx_size)
+    cparams = o.model_context_params(flags, entry)
     system = flags["system"]
-    if entry and entry.system and system is None and not flags["raw"]:
+    if entry and entry.system and system is None and not flags["raw"] and record is None:
         system = entry.system
     loaded = Session.open_in_background(resolved.path, cparams)
     # While llama.cpp loads the model: import the template machinery (Jinja).
+    from infer.cli.prompt_cache import open_cache
     from infer.quant.paths import infer_home
-    from infer.runtime.prompt import chat_prompt, raw_prompt
+    from infer.runtime.prompt import chat_prompt, preamble_len, raw_prompt
     from infer.runtime.template import use_compiled_cache
 
     use_compiled_cache(infer_home() / "cache" / "templates")
+    cache = None if flags["no_cache"] else open_cache()
 
     with loaded() as session:
+        preamble = 0
         if flags["raw"]:
             if not text:
                 raise UsageError("the prompt is empty")
             prompt = raw_prompt(session.model, text)
         else:
-            messages = [{"role": "user", "content": text}]
+            record = record or conversations.Record.new(resolved.reference)
+            record.model = resolved.reference
             if system is not None:
-                messages.insert(0, {"role": "system", "content": system})
-            prompt = chat_prompt(session.model, messages, template=template)
+                record.messages = [m for m in record.messages if m["role"] != "system"]
+                record.messages.insert(0, {"role": "system", "content": system})
+            record.messages.append({"role": "user", "content": text})
+            prompt = chat_prompt(session.model, record.messages, template=template)
+            preamble = preamble_len(session.model, record.messages, prompt, template=template)
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return
-        defaults = model_sampling_defaults(session.model.meta)
-        if entry:
-            defaults.update(entry.sampling)
-        params = SamplingParams.resolve(defaults, overrides)
-        completion = _generate(session, prompt.tokens, params, stream=not flags["json_output"])
+        params = SamplingParams.resolve(o.model_sampling_defaults(session.model, entry), overrides)
+        completion = _generate_cached(session, prompt.tokens, params, cache, name=resolved.reference,
+                                      preamble=preamble, continuing=continuing,
+                                      stream=not flags["json_output"])
+    if record is not None:
+        record.messages.append({"role": "assistant", "content": completion.text})
+        conversations.save(record)
     if resolved.repo is not None:
         from infer.quant.store import record_use
 
         record_use(resolved.path)
     if flags["json_output"]:
-        _write(json.dumps(result_json(resolved.reference, completion), ensure_ascii=False) + "\n")
+        result = result_json(resolved.reference, completion)
+        if record is not None:
+            result["conversation"] = record.id
+        _write(json.dumps(result, ensure_ascii=False) + "\n")
     if flags["verbose"]:
-        _print_stats(completion)
+        _print_stats(completion, record.id if record else None)
 
 
-def _generate(session: Any, tokens: list[int], params: Any, *, stream: bool) -> Any:
+def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
+                     continuing: bool, stream: bool) -> Any:
+    """Generate through the prompt cache (None: without it).
+
+    The cached state sharing the longest prefix is loaded first; states are saved
+    at the end of the preamble (if long enough) and at the end of the run.
+    """
+    import time
+
+    requested = time.perf_counter()  # time to first token counts the loading of a cached state
+    if cache is None:
+        return _generate(session, tokens, params, stream=stream, started=requested)
+    session.check_fits(len(tokens), params.max_tokens)
+    # A continued conversation's own state is worth loading however short it is.
+    cache.restore(session, tokens, min_tokens=1 if continuing else None)
+    completion = _generate(session, tokens, params, stream=stream, started=requested,
+                           checkpoints=(preamble,),
+                           on_checkpoint=lambda n: cache.store(session, name, wait=False))
+    # The end of the conversation: for --continue, and for the same prompt again.
+    cache.store(session, name, min_tokens=1, wait=False)
+    cache.flush()
+    return completion
+
+
+def _generate(session: Any, tokens: list[int], params: Any, *, stream: bool, **options: Any) -> Any:
+    """Stream the reply to stdout (unless `stream` is off); the Completion. `options` go to generate."""
     from infer.runtime.session import Completion, Piece
 
     ends_with_newline = True
     try:
-        for event in session.generate(tokens, params):
+        for event in session.generate(tokens, params, **options):
             if isinstance(event, Piece):
                 if stream:
                     _write(event.text)
@@ -148,9 +201,11 @@ def result_json(model: str, c: Any) -> dict[str, Any]:
     }
 
 
-def _print_stats(c: Any) -> None:
+def _print_stats(c: Any, conversation: str | None) -> None:
     t, u = c.timings, c.usage
     lines = [
+        *([f"conversation: {conversation} (continue with -C, or --conversation {conversation})"]
+          if conversation else []),
         f"finish: {c.finish_reason}    seed: {c.seed}",
         f"prompt: {u.prompt_tokens} tokens ({u.cached_tokens} cached)    "
         f"completion: {u.completion_tokens} tokens",

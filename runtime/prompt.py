@@ -124,3 +124,24 @@ def _drop_double_bos(model: Model, tokens: list[int]) -> list[int]:
     if len(tokens) >= 2 and model.bos >= 0 and tokens[0] == model.bos == tokens[1]:
         return tokens[1:]
     return tokens
+
+
+def preamble_len(model: Model, messages: Sequence[Message], prompt: Prompt, *,
+                 template: str | None = None) -> int:
+    """How many of `prompt`'s tokens come before its last user message.
+
+    That part (the system prompt, few-shot examples, earlier turns) comes back
+    unchanged with the next question: the prompt cache saves a state there. 0 when
+    the last message is the only one, or when the template cannot render the
+    messages before it on their own.
+    """
+    from infer.runtime.errors import InferError
+    from infer.runtime.session import common_prefix_len
+
+    if len(messages) < 2:
+        return 0
+    try:
+        before = chat_prompt(model, messages[:-1], template=template, add_generation_prompt=False)
+    except InferError:
+        return 0
+    return common_prefix_len(before.tokens, prompt.tokens)

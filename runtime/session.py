@@ -8,6 +8,7 @@ per token, Python makes one sample call, one piece lookup and one decode call.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,35 @@ class Completion:
     seed: int | None
     stop_string: str | None = None
     tokens: list[int] = field(default_factory=list, repr=False)
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGEST_SAMPLES = 16
+_DIGEST_ENDS = 1 << 20  # bytes read at the start (header and metadata) and at the end
+_DIGEST_SPAN = 1 << 16  # bytes read at each sample
+
+
+def content_digest(path: Path) -> str:
+    """A SHA-256 of a model file's size, its first and last MiB and 16 samples of 64 KiB between.
+
+    It changes when the file's content does (any re-quantization or fine-tune changes
+    the header and every sample) at the cost of a few reads, where hashing a
+    multi-gigabyte file would take seconds. Remembered per (path, size, mtime).
+    """
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256(str(st.st_size).encode())
+        with path.open("rb") as f:
+            h.update(f.read(_DIGEST_ENDS))
+            step = max(st.st_size // (_DIGEST_SAMPLES + 1), 1)
+            for offset in range(step, st.st_size, step)[:_DIGEST_SAMPLES]:
+                f.seek(offset)
+                h.update(f.read(_DIGEST_SPAN))
+            f.seek(max(st.st_size - _DIGEST_ENDS, 0))
+            h.update(f.read(_DIGEST_ENDS))
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -149,10 +179,13 @@ class Session:
             raise ContextOverflowError(prompt_tokens=n_prompt, max_tokens=max_tokens,
                                        n_ctx=self.n_ctx)
 
-    def prefill(self, tokens: Sequence[int]) -> int:
+    def prefill(self, tokens: Sequence[int], *, checkpoints: Sequence[int] = (),
+                on_checkpoint: Callable[[int], None] | None = None) -> int:
         """Bring the KV cache to hold exactly `tokens`; return how many were reused.
 
-        The logits of the last token are computed, ready for sampling.
+        The logits of the last token are computed, ready for sampling. When the cache
+        holds ``tokens[:n]`` for a position n in `checkpoints` (that had to be
+        prefilled), ``on_checkpoint(n)`` is called: the prompt cache saves states there.
         """
         if not tokens:
             raise ValueError("cannot prefill an empty prompt")
@@ -164,24 +197,29 @@ class Session:
             keep = 0
         del self.tokens[keep:]
         n_batch = self._batch.capacity
+        stops = sorted({n for n in checkpoints if keep < n < len(tokens)} | {len(tokens)})
+        pos = keep
         with self.context.interruptible():
-            for start in range(keep, len(tokens), n_batch):
-                chunk = tokens[start:start + n_batch]
-                self._batch.set_tokens(chunk, start_pos=start, seq_id=SEQ_ID,
-                                       logits_last=start + n_batch >= len(tokens))
-                self.context.decode(self._batch)
-                self.tokens.extend(chunk)
+            for stop in stops:
+                for start in range(pos, stop, n_batch):
+                    chunk = tokens[start:min(start + n_batch, stop)]
+                    self._batch.set_tokens(chunk, start_pos=start, seq_id=SEQ_ID,
+                                           logits_last=start + n_batch >= stop)
+                    self.context.decode(self._batch)
+                    self.tokens.extend(chunk)
+                pos = stop
+                if on_checkpoint is not None and stop in checkpoints:
+                    on_checkpoint(stop)
         return keep
 
     def fingerprint(self) -> dict[str, object]:
-        """What a saved KV state depends on: the model file, the context's layout, llama.cpp."""
+        """What a saved KV state depends on: the model's content, the context's layout, llama.cpp."""
         from infer.runtime.llama import llama_cpp_version
 
-        st = self.model.path.stat()
         p = self.context.params
-        return {"model": str(self.model.path.resolve()), "size": st.st_size,
-                "mtime_ns": st.st_mtime_ns, "n_ctx": self.n_ctx, "type_k": p.cache_type_k,
-                "type_v": p.cache_type_v, "llama_cpp": llama_cpp_version()}
+        return {"model_digest": content_digest(self.model.path), "n_ctx": self.n_ctx,
+                "type_k": p.cache_type_k, "type_v": p.cache_type_v, "flash_attn": p.flash_attn,
+                "llama_cpp": llama_cpp_version()}
 
     def save_state(self) -> tuple[list[int], bytes]:
         """The tokens the KV cache holds and its state."""
@@ -203,16 +241,21 @@ class Session:
         self.context.decode(self._batch)
         self.tokens.append(token)
 
-    def generate(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[Piece | Completion]:
+    def generate(self, prompt: Sequence[int], params: SamplingParams, *, checkpoints: Sequence[int] = (),
+                 on_checkpoint: Callable[[int], None] | None = None,
+                 started: float | None = None) -> Iterator[Piece | Completion]:
         """Prefill `prompt`, then sample until EOS, a stop string, or the token limit.
 
         Yields ``Piece`` events as text becomes final, then one ``Completion``.
+        `checkpoints` and `on_checkpoint` are passed to `prefill`. `started` (a
+        `time.perf_counter()` value) is when the request began, if earlier than this
+        call (a state loaded from the prompt cache): prefill and first-token times count from it.
         """
         self.check_fits(len(prompt), params.max_tokens)
         params = params.with_seed()
-        t_start = time.perf_counter()
+        t_start = time.perf_counter() if started is None else started
         with build_sampler_chain(params, self.model) as chain:
-            cached = self.prefill(prompt)
+            cached = self.prefill(prompt, checkpoints=checkpoints, on_checkpoint=on_checkpoint)
             t_prefilled = time.perf_counter()
             stream = TextStream(params.stop)
             limit = self.n_ctx - len(prompt)

@@ -78,3 +78,13 @@ def test_loading_a_missing_session_is_one_line(tiny_qwen):
     r = chat(tiny_qwen, "/load nothing-here\nHi\n")
     assert r.returncode == 0
     assert "no saved session 'nothing-here'" in r.stderr
+
+
+def test_set_ctx_reopens_the_context_and_keeps_the_conversation(tiny_qwen):
+    r = chat(tiny_qwen, "Hello\n/set ctx 1024\n/tokens\n/set ctx lots\n")
+    assert r.returncode == 0, r.stderr
+    assert "ctx = 1024" in r.stderr
+    used = int(r.stdout.strip().splitlines()[-1].split()[0])
+    assert r.stdout.strip().splitlines()[-1].endswith("of 1024 tokens in context" + f" ({used / 1024:.0%})")
+    assert used > 10  # the first exchange is still there
+    assert "ctx needs a whole number" in r.stderr

@@ -1,0 +1,72 @@
+"""What `infer run` said, so that `infer run --continue` can go on from there.
+
+Each run with a chat template records its messages as
+``INFER_HOME/conversations/ID.json``; ``last`` names the newest. Only the most
+recent KEEP records are kept. The KV state that makes a continued turn cheap is
+not here: it is in the prompt cache, found by the conversation's tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infer.quant.atomic import write_atomic
+from infer.quant.paths import infer_home
+from infer.runtime.errors import UsageError
+
+KEEP = 200
+_ID = re.compile(r"[0-9a-f]{12}")
+
+
+@dataclass
+class Record:
+    id: str
+    model: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def new(cls, model: str) -> Record:
+        return cls(os.urandom(6).hex(), model)
+
+
+def folder() -> Path:
+    return infer_home() / "conversations"
+
+
+def load(conversation_id: str | None) -> Record:
+    """The conversation `conversation_id`, or the last one; UsageError if there is none."""
+    if conversation_id is None:
+        try:
+            conversation_id = (folder() / "last").read_text(encoding="utf-8").strip()
+        except OSError:
+            raise UsageError("there is no conversation to continue yet") from None
+    if not _ID.fullmatch(conversation_id):
+        raise UsageError(f"{conversation_id!r} is not a conversation id (12 hex digits, shown by -v)")
+    try:
+        data = json.loads((folder() / f"{conversation_id}.json").read_text(encoding="utf-8"))
+        return Record(conversation_id, str(data["model"]), list(data["messages"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"no conversation {conversation_id}") from None
+
+
+def save(record: Record) -> None:
+    """Write the record and make it the last one (atomically); forget the oldest beyond KEEP."""
+    data = {"id": record.id, "model": record.model, "messages": record.messages, "updated": time.time()}
+    write_atomic(folder() / f"{record.id}.json", json.dumps(data, ensure_ascii=False).encode())
+    write_atomic(folder() / "last", record.id.encode())
+    records = sorted(folder().glob("*.json"), key=_mtime, reverse=True)
+    for old in records[KEEP:]:
+        old.unlink(missing_ok=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed by another process meanwhile
+        return 0.0
