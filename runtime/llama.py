@@ -396,7 +396,7 @@ class Context:
         size = int(C.llama_state_seq_get_size(self._ptr, seq_id))
         buf = (ctypes.c_uint8 * size)()
         written = int(C.llama_state_seq_get_data(self._ptr, buf, size, seq_id))
-        return bytes(buf[:written])
+        return ctypes.string_at(buf, written)  # (slicing a ctypes array would build a list of ints)
 
     def set_seq_state(self, data: bytes, seq_id: int = 0) -> bool:
         """Load a sequence state saved by `seq_state`; False if llama.cpp refuses it."""
