@@ -143,6 +143,7 @@ class Model:
         if n_gpu_layers is None:
             n_gpu_layers = -1 if supports_gpu_offload() else 0
         mparams.n_gpu_layers = n_gpu_layers
+        self.on_cpu = n_gpu_layers == 0 or not supports_gpu_offload()
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if use_mmap else C.LLAMA_LOAD_MODE_NONE
         mparams.vocab_only = vocab_only
         take_errors()
@@ -271,6 +272,19 @@ class Model:
         return None
 
 
+def flash_attention(params: ContextParams, on_cpu: bool) -> str:
+    """The flash-attention setting to ask llama.cpp for.
+
+    "auto" is "off" for a model that runs on the CPU alone (llama.cpp would turn it
+    on): on the CPU, flash attention makes a short prefill over a long context about
+    twice as slow and decoding there slower too (benchmarks/README.md, "Chat"), and
+    gains nothing on long prefills. A quantized V cache needs it, so it stays on there.
+    """
+    if params.flash_attn == "auto" and on_cpu and params.cache_type_v in ("f16", "f32", "bf16"):
+        return "off"
+    return params.flash_attn
+
+
 class Context:
     """An inference context: the KV cache and compute buffers for one model."""
 
@@ -285,7 +299,8 @@ class Context:
         threads = params.n_threads or physical_cores()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
-        cp.flash_attn_type = _FLASH_ATTN[params.flash_attn]
+        self.flash_attn = flash_attention(params, model.on_cpu)
+        cp.flash_attn_type = _FLASH_ATTN[self.flash_attn]
         cp.type_k = _KV_CACHE_TYPES[params.cache_type_k]
         cp.type_v = _KV_CACHE_TYPES[params.cache_type_v]
         cp.no_perf = True

@@ -218,7 +218,7 @@ class Session:
 
         p = self.context.params
         return {"model_digest": content_digest(self.model.path), "n_ctx": self.n_ctx,
-                "type_k": p.cache_type_k, "type_v": p.cache_type_v, "flash_attn": p.flash_attn,
+                "type_k": p.cache_type_k, "type_v": p.cache_type_v, "flash_attn": self.context.flash_attn,
                 "llama_cpp": llama_cpp_version()}
 
     def save_state(self) -> tuple[list[int], bytes]:

@@ -96,3 +96,13 @@ def test_ctrl_c_aborts_a_running_prefill_and_the_session_recovers(tiny_qwen):
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         done = complete(s, tokens[:20])
         assert done.usage.completion_tokens == 12
+
+
+def test_flash_attention_auto_is_off_on_the_cpu_unless_the_v_cache_is_quantized():
+    from infer.runtime.llama import flash_attention
+    from infer.runtime.params import ContextParams
+
+    assert flash_attention(ContextParams(), on_cpu=True) == "off"
+    assert flash_attention(ContextParams(), on_cpu=False) == "auto"
+    assert flash_attention(ContextParams(flash_attn="on"), on_cpu=True) == "on"
+    assert flash_attention(ContextParams(cache_type_v="q8_0"), on_cpu=True) == "auto"
