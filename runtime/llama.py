@@ -296,6 +296,9 @@ class Context:
         cp.n_batch = min(params.n_batch, n_ctx)
         cp.n_ubatch = min(params.n_ubatch, cp.n_batch)
         cp.n_seq_max = params.n_seq_max
+        # Sequences share one pool of cells, so a shared prefix is copied by reference
+        # (llama_memory_seq_cp) and a slot can hold any share of the context.
+        cp.kv_unified = params.n_seq_max > 1
         threads = params.n_threads or physical_cores()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
@@ -422,6 +425,10 @@ class Context:
         """Remove positions [p0, p1) of a sequence from the KV cache (p1 < 0: to the end)."""
         return bool(C.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
 
+    def memory_seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Make sequence `dst` share `src`'s cells at positions [p0, p1) (p1 < 0: to the end)."""
+        C.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
+
     def memory_clear(self) -> None:
         C.llama_memory_clear(self._memory, True)
 
@@ -462,6 +469,27 @@ class Batch:
             logits[i] = logits_all
         if logits_last and n:
             logits[n - 1] = 1
+
+    def clear(self) -> None:
+        """Empty the batch, to fill it with `add`."""
+        self.native.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
+        """Append one token of one sequence; its index in the batch (where its logits will be)."""
+        b = self.native
+        i = b.n_tokens
+        if i >= self.capacity:
+            raise LlamaError(f"batch is full ({self.capacity} tokens)")
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq_id
+        b.logits[i] = logits
+        b.n_tokens = i + 1
+        return i
+
+    def __len__(self) -> int:
+        return int(self.native.n_tokens)
 
     def set_one(self, token: int, pos: int, seq_id: int = 0) -> None:
         """The decode step's batch: a single token whose logits are wanted."""

@@ -1,0 +1,122 @@
+"""Continuous batching: each request gets what it would get alone, and shared work is done once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infer.runtime.evaluate import all_logits
+from infer.runtime.llama import Context, Model
+from infer.runtime.params import ContextParams
+from infer.runtime.sampling import SamplingParams
+from infer.runtime.scheduler import Request, Scheduler
+from infer.runtime.session import Completion, Session
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Once upon a time, in a kingdom far beyond the mountains and the sea, there lived",
+    "1, 2, 3, 4, 5,",
+    "Les feuilles mortes se ramassent à la pelle, les souvenirs et les regrets aussi.",
+    "SELECT name, COUNT(*) FROM orders GROUP BY",
+    "Roses are red,",
+    "In 1969 the first humans walked on",
+]
+
+
+def tokens_of(model, text):
+    return model.tokenize(text, add_special=True, parse_special=False)
+
+
+def run_batched(path, requests, *, parallel, n_ctx=4096, shared_prefix=(), record=False):
+    """{key: Completion} (and {key: [logits per step]}) from a scheduler over `requests`."""
+    logits: dict = {}
+    with Model(path) as model, Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=parallel + 1)) as ctx:
+        scheduler = Scheduler(model, ctx, parallel=parallel, shared_prefix=shared_prefix)
+        hook = (lambda key, step, row: logits.setdefault(key, []).append(row)) if record else None
+        outcomes = list(scheduler.run(requests(model), on_logits=hook))
+        prefilled = scheduler.prefilled_tokens
+        scheduler.close()
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    return {o.key: o.completion for o in outcomes}, logits, prefilled
+
+
+def solo(path, tokens, params):
+    with Session.open(path) as s:
+        return next(e for e in s.generate(tokens, params) if isinstance(e, Completion))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0, max_tokens=12),
+                                    SamplingParams(temperature=0.9, seed=42, max_tokens=12)],
+                         ids=["greedy", "seeded"])
+def test_one_at_a_time_equals_a_solo_run(tiny_llama, params):
+    def requests(model):
+        return [Request(i, tokens_of(model, p), params) for i, p in enumerate(PROMPTS[:4])]
+
+    got, _, _ = run_batched(tiny_llama, requests, parallel=1)
+    with Model(tiny_llama, vocab_only=True) as model:
+        expected = [solo(tiny_llama, tokens_of(model, p), params).text for p in PROMPTS[:4]]
+    assert [got[i].text for i in range(4)] == expected
+
+
+@pytest.mark.parametrize("parallel", [4, 16])
+def test_batched_logits_match_each_sequence_decoded_alone(tiny_llama, parallel):
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    n = 16 if parallel == 16 else 8
+
+    def requests(model):
+        return [Request(i, tokens_of(model, PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS))), params)
+                for i in range(n)]
+
+    got, logits, _ = run_batched(tiny_llama, requests, parallel=parallel, record=True)
+    with Session.open(tiny_llama) as alone:
+        for key, steps in logits.items():
+            prompt = requests(alone.model)[key].tokens
+            # The same sequence alone, fed the tokens the batched run chose.
+            reference = all_logits(alone, prompt + got[key].tokens)[len(prompt) - 1:]
+            assert len(steps) == len(got[key].tokens) == 10
+            for step, row in enumerate(steps):
+                err = np.max(np.abs(row - reference[step])) / np.max(np.abs(reference[step]))
+                assert err <= 1e-3, (key, step, err)
+
+
+def test_more_requests_than_slots_all_finish_and_a_bad_one_fails_alone(tiny_llama):
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    with Model(tiny_llama) as model, Context(model, ContextParams(n_ctx=512, n_seq_max=4)) as ctx:
+        scheduler = Scheduler(model, ctx, parallel=3)
+        requests = [Request(i, tokens_of(model, PROMPTS[i % 8]), params) for i in range(10)]
+        requests.insert(5, Request("long", tokens_of(model, "word " * 400), params))
+        requests.insert(7, Request("empty", [], params))
+        outcomes = list(scheduler.run(requests))
+        scheduler.close()
+    done = {o.key: o for o in outcomes}
+    assert set(done) == {*range(10), "long", "empty"}
+    assert "parallel slots" in done["long"].error and done["empty"].error
+    assert all(done[i].completion.usage.completion_tokens == 6 for i in range(10))
+
+
+def test_a_shared_prefix_is_prefilled_once_and_copied(tiny_llama):
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    system = "You are a helpful assistant who answers in one short sentence. " * 4
+    questions = ["What is rain?", "Why is snow white?", "Where do rivers go?", "How old is the sun?",
+                 "What is a cloud?", "Why is the sea salty?"]
+    lengths = {}
+
+    def requests(model):
+        prefix = tokens_of(model, system)
+        out = []
+        for i, q in enumerate(questions):
+            tokens = prefix + model.tokenize(q, add_special=False, parse_special=False)
+            lengths[i] = len(tokens)
+            out.append(Request(i, tokens, params))
+        return out
+
+    with Model(tiny_llama, vocab_only=True) as vocab:
+        prefix = tokens_of(vocab, system)
+    got, _, prefilled = run_batched(tiny_llama, requests, parallel=4, shared_prefix=prefix)
+    assert prefilled == len(prefix) + sum(n - len(prefix) for n in lengths.values())
+    assert all(c.usage.cached_tokens == len(prefix) for c in got.values())
+    for i, completion in got.items():  # and the answers are each question's own
+        with Model(tiny_llama, vocab_only=True) as vocab:
+            tokens = prefix + vocab.tokenize(questions[i], add_special=False, parse_special=False)
+        assert completion.text == solo(tiny_llama, tokens, params).text
