@@ -6,7 +6,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from infer.runtime.errors import (
     InferError,
@@ -45,10 +45,11 @@ class OutputClosed(Exception):
     """The reader of stdout went away (`infer run ... | head`), carried past Typer."""
 
 
-def shielded(func: Callable[..., object], *args: object) -> None:
-    """Run a command's body; Ctrl-C and a closed stdout leave it as infer's own exceptions."""
+def shielded(func: Callable[..., Any], *args: object) -> Any:
+    """Run a command's body (its result: an exit code, if any); Ctrl-C and a closed stdout
+    leave it as infer's own exceptions."""
     try:
-        func(*args)
+        return func(*args)
     except KeyboardInterrupt:
         raise Interrupted from None
     except BrokenPipeError:

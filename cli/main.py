@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from infer.cli import __version__, models
+from infer.cli.batch import batch
 from infer.cli.bench import bench
 from infer.cli.chat import chat
 from infer.cli.errors import guarded
@@ -61,6 +62,7 @@ app.command("show", no_args_is_help=True)(models.show)
 app.command("rm", no_args_is_help=True)(models.rm)
 app.command("quantize", no_args_is_help=True)(quantize)
 app.command("bench", no_args_is_help=True)(bench)
+app.command("batch", no_args_is_help=True)(batch)
 app.add_typer(cache_app, name="cache")
 
 

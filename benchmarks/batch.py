@@ -1,0 +1,67 @@
+"""Throughput of continuous batching against one prompt at a time, in one process.
+
+    python benchmarks/batch.py MODEL.gguf [--prompts 64] [--tokens 128] [--parallel 16] [-t THREADS]
+
+The same prompts, each generating exactly --tokens tokens (end-of-generation is
+ignored, greedy): first through the runtime one at a time (Session.generate, as a
+loop of `infer run` would, minus the process starts), then through the scheduler
+with --parallel sequences in one context (what `infer batch` runs). Reports
+generated tokens per second for both and their ratio. Target: >= 2.5x at 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from infer.runtime.llama import Context, Model
+from infer.runtime.params import ContextParams
+from infer.runtime.prompt import chat_prompt
+from infer.runtime.sampling import SamplingParams
+from infer.runtime.scheduler import Request, Scheduler
+from infer.runtime.session import Completion, Session
+
+TOPICS = ["rivers", "mountains", "the sea", "bread", "trains", "bees", "winter", "clocks"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--parallel", type=int, default=16)
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    texts = [f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (number {i})."
+             for i in range(args.prompts)]
+
+    with Session.open(args.model, ContextParams(n_ctx=2048, n_threads=args.threads)) as session:
+        prompts = [chat_prompt(session.model, [{"role": "user", "content": t}]).tokens for t in texts]
+        t0 = time.perf_counter()
+        sequential = 0
+        for tokens in prompts:
+            done = next(e for e in session.generate(tokens, params) if isinstance(e, Completion))
+            sequential += done.usage.completion_tokens
+        t_sequential = time.perf_counter() - t0
+
+    n_ctx = args.parallel * (max(len(p) for p in prompts) + args.tokens + 16)
+    cparams = ContextParams(n_ctx=n_ctx, n_threads=args.threads, n_seq_max=args.parallel + 1)
+    with Model(args.model) as model, Context(model, cparams) as ctx:
+        scheduler = Scheduler(model, ctx, parallel=args.parallel)
+        t0 = time.perf_counter()
+        batched = sum(o.completion.usage.completion_tokens for o in scheduler.run(
+            Request(i, tokens, params) for i, tokens in enumerate(prompts)) if o.completion)
+        t_batched = time.perf_counter() - t0
+        scheduler.close()
+
+    a, b = sequential / t_sequential, batched / t_batched
+    print(f"model: {args.model}   threads: {args.threads}   {args.prompts} prompts x {args.tokens} tokens")
+    print(f"one at a time          {a:8.1f} tokens/s  ({sequential} tokens in {t_sequential:.1f} s)")
+    print(f"parallel {args.parallel:<3}           {b:8.1f} tokens/s  ({batched} tokens in {t_batched:.1f} s)")
+    print(f"ratio                  {b / a:8.2f}  (target >= 2.5)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""`infer batch MODEL [INPUT]`: many prompts through one model, decoded together.
+
+Results are JSONL, one object per input line, written as they are ready (each
+line in one write), so that a stopped run keeps what it finished and `--resume`
+goes on from there. Lines that fail get an error object and the batch goes on;
+the exit code is then 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import typer
+
+from infer.cli import options as o
+from infer.cli.batch_input import Item, check_template, done_ids, read_items
+from infer.cli.errors import shielded
+from infer.runtime.errors import InferError, UsageError
+
+DEFAULT_PARALLEL = 8
+# Context per slot when -c is not given (at most the model's training context).
+SLOT_CONTEXT = 2048
+
+
+@o.model_command(
+    ("model", Annotated[str, typer.Argument(
+        help="A .gguf file, an alias from models.toml, or a Hub repo owner/repo[:QUANT].",
+        show_default=False)], ...),
+    ("input", Annotated[str, typer.Argument(
+        help="JSONL requests (or plain lines with --lines); '-' is stdin.")], "-"),
+    ("output", Annotated[Path | None, typer.Option(
+        "-o", "--output", help="Write the JSONL results here instead of stdout.")], None),
+    ("parallel", Annotated[int, typer.Option(
+        "-np", "--parallel", help="Sequences decoded together.")], DEFAULT_PARALLEL),
+    ("plain_lines", Annotated[bool, typer.Option(
+        "--lines", help="Each input line is a prompt in plain text.")], False),
+    ("template", Annotated[str | None, typer.Option(
+        "--template", help='Wrap each plain line, e.g. "Classify: {line}".')], None),
+    ("system", Annotated[str | None, typer.Option("-s", "--system", help="System prompt for every line.")],
+     None),
+    ("ordered", Annotated[bool, typer.Option(
+        "--ordered/--unordered", help="Keep input order, or write each result when it is done.")], True),
+    ("resume", Annotated[bool, typer.Option(
+        "--resume", help="Skip the lines whose results OUTPUT already holds; append the rest.")], False),
+)
+def batch(ctx: typer.Context, **flags: Any) -> int:
+    """Run every prompt of INPUT, several at a time; one JSON result per line."""
+    return int(shielded(execute, ctx.params))
+
+
+def execute(flags: Mapping[str, Any]) -> int:
+    from infer.runtime.sampling import SamplingParams
+
+    if flags["verbose"]:
+        o.log_to_stderr()
+    if flags["parallel"] < 1 or flags["parallel"] > 256:
+        raise UsageError("--parallel must be between 1 and 256")
+    if flags["resume"] and flags["output"] is None:
+        raise UsageError("--resume needs -o/--output: the results of the earlier run")
+    check_template(flags["template"])
+    if flags["template"] is not None and not flags["plain_lines"]:
+        raise UsageError("--template wraps plain lines: use it with --lines")
+    overrides = o.sampling_overrides(flags)
+    SamplingParams.resolve({}, overrides)
+    o.context_params(flags)
+    items = list(read_items(_input_lines(flags["input"]), plain=flags["plain_lines"],
+                            template=flags["template"], system=flags["system"]))
+    output = Path(flags["output"]) if flags["output"] is not None else None
+    skip = _finished(output) if output is not None and flags["resume"] else set()
+    todo = [item for item in items if json.dumps(item.id) not in skip]
+    resolved = o.resolve(flags)
+    out = _open_output(output, append=flags["resume"])
+    try:
+        failed = _run(flags, resolved, todo, overrides, out)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 2 if failed else 0
+
+
+def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: dict[str, Any],
+         out: IO[str]) -> int:
+    from infer.cli.run import result_json
+    from infer.runtime.llama import Context, Model
+    from infer.runtime.scheduler import Scheduler
+    from infer.runtime.session import common_prefix_len
+
+    parallel = flags["parallel"]
+    cparams = o.model_context_params(flags, resolved.entry)
+    with Model(resolved.path, n_gpu_layers=cparams.n_gpu_layers, use_mmap=cparams.use_mmap) as model:
+        n_ctx = cparams.n_ctx or parallel * min(model.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
+        defaults = o.model_sampling_defaults(model, resolved.entry)
+        requests, errors = _requests(model, items, defaults, overrides)
+        prefix: list[int] = []
+        if len(requests) > 1:
+            prefix = requests[0].tokens
+            for r in requests[1:]:
+                prefix = prefix[:common_prefix_len(prefix, r.tokens)]
+        with Context(model, replace(cparams, n_ctx=n_ctx, n_seq_max=parallel + 1)) as ctx:
+            scheduler = Scheduler(model, ctx, parallel=parallel, shared_prefix=prefix)
+            writer = _Writer(out, items, ordered=flags["ordered"], model=resolved.reference,
+                             to_json=result_json)
+            try:
+                with _Progress(len(items)) as progress:
+                    for key, error in errors:
+                        writer.error(key, error)
+                        progress.advance(0)
+                    for outcome in scheduler.run(requests):
+                        if outcome.completion is None:
+                            writer.error(outcome.key, outcome.error or "failed")
+                            progress.advance(0)
+                        else:
+                            writer.result(outcome.key, outcome.completion)
+                            progress.advance(outcome.completion.usage.completion_tokens)
+            finally:
+                scheduler.close()
+                writer.flush_ready()
+    if flags["verbose"]:
+        sys.stderr.write(f"infer: {len(items)} lines, {writer.failed} failed; {scheduler.prefilled_tokens} "
+                         f"prompt tokens prefilled (a shared prefix of {len(prefix)} once)\n")
+    return writer.failed
+
+
+def _requests(model: Any, items: list[Item], defaults: dict[str, Any],
+              overrides: dict[str, Any]) -> tuple[list[Any], list[tuple[int, str]]]:
+    """Scheduler requests for the items that can run, and (index, error) for the others."""
+    from infer.runtime.prompt import chat_prompt
+    from infer.runtime.sampling import SamplingParams
+    from infer.runtime.scheduler import Request
+
+    requests, errors = [], []
+    for item in items:
+        if item.error is not None:
+            errors.append((item.index, item.error))
+            continue
+        try:
+            params = SamplingParams.resolve(defaults, {**overrides, **item.settings})
+            tokens = chat_prompt(model, item.messages).tokens
+        except InferError as e:
+            errors.append((item.index, str(e)))
+            continue
+        requests.append(Request(item.index, tokens, params))
+    return requests, errors
+
+
+class _Writer:
+    """Writes results as JSONL: in input order (held until their turn) or as they come."""
+
+    def __init__(self, out: IO[str], items: list[Item], *, ordered: bool, model: str, to_json: Any) -> None:
+        self.out, self.ordered, self.model, self.to_json = out, ordered, model, to_json
+        self.ids = {item.index: item.id for item in items}
+        self.order = [item.index for item in items]
+        self.next = 0  # position in `order` of the next line to write when ordered
+        self.ready: dict[int, str] = {}
+        self.failed = 0
+
+    def result(self, index: int, completion: Any) -> None:
+        self._put(index, {"id": self.ids[index], **self.to_json(self.model, completion)})
+
+    def error(self, index: int, message: str) -> None:
+        self.failed += 1
+        self._put(index, {"id": self.ids[index], "error": message})
+
+    def _put(self, index: int, data: dict[str, Any]) -> None:
+        line = json.dumps(data, ensure_ascii=False) + "\n"
+        if not self.ordered:
+            self._write(line)
+            return
+        self.ready[index] = line
+        self.flush_ready()
+
+    def flush_ready(self) -> None:
+        while self.next < len(self.order) and self.order[self.next] in self.ready:
+            self._write(self.ready.pop(self.order[self.next]))
+            self.next += 1
+
+    def _write(self, line: str) -> None:
+        self.out.write(line)
+        self.out.flush()
+
+
+class _Progress:
+    """done/total, generated tokens per second and time left on stderr, when it is a terminal."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Any = None
+        self.tokens = 0
+
+    def __enter__(self) -> _Progress:
+        if sys.stderr.isatty() and self.total:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[speed]}"), TimeRemainingColumn(), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("batch", total=self.total, speed="")
+            import time
+
+            self.started = time.perf_counter()
+        return self
+
+    def advance(self, tokens: int) -> None:
+        if self.bar is None:
+            return
+        import time
+
+        self.tokens += tokens
+        speed = self.tokens / max(time.perf_counter() - self.started, 1e-9)
+        self.bar.update(self.task, advance=1, speed=f"{speed:.1f} tokens/s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _input_lines(name: str) -> Iterator[str]:
+    if name == "-":
+        if sys.stdin.isatty():
+            raise UsageError("give an INPUT file, or pipe the requests into stdin")
+        return iter(sys.stdin.buffer.read().decode("utf-8", errors="replace").splitlines())
+    try:
+        return iter(Path(name).read_text(encoding="utf-8").splitlines())
+    except FileNotFoundError:
+        raise UsageError(f"input {name}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"input {name}: cannot be read ({e})") from None
+
+
+def _finished(output: Path) -> set[str]:
+    """Ids already done in OUTPUT; a last line cut short by an earlier stop is removed."""
+    try:
+        data = output.read_bytes()
+    except FileNotFoundError:
+        return set()
+    if data and not data.endswith(b"\n"):
+        with output.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+        data = data[: data.rfind(b"\n") + 1]
+    return done_ids(data.decode("utf-8", errors="replace").splitlines())
+
+
+def _open_output(output: Path | None, *, append: bool) -> IO[str]:
+    if output is None:
+        return sys.stdout
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
+        return os.fdopen(fd, "w", encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"output {output}: cannot be written ({e})") from None

@@ -1,0 +1,102 @@
+"""`infer batch` input: JSONL requests or plain lines, each becoming messages and per-line settings.
+
+A JSON line is ``{"id": …, "prompt": "…"}`` or ``{"id": …, "messages": [...]}``,
+optionally with ``system``, ``max_tokens``, ``temperature``, ``seed``,
+``json_schema`` (an object or its JSON text) and ``stop`` (a string or a list).
+With ``--lines`` each non-empty line is one prompt, wrapped by ``--template``
+("Classify: {line}"). A line that cannot be read becomes an item with an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer.runtime.errors import UsageError
+
+# Per-line settings and the SamplingParams field each one sets.
+LINE_SETTINGS = {"max_tokens": "max_tokens", "temperature": "temperature", "seed": "seed",
+                 "json_schema": "json_schema", "stop": "stop"}
+
+
+@dataclass
+class Item:
+    index: int  # 0-based position in the input
+    id: Any
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def check_template(template: str | None) -> None:
+    if template is not None and "{line}" not in template:
+        raise UsageError("--template must contain {line}, where each input line goes")
+
+
+def read_items(lines: Iterable[str], *, plain: bool, template: str | None,
+               system: str | None) -> Iterator[Item]:
+    """One Item per input line (blank lines are skipped); ids default to the line number."""
+    index = 0
+    for number, raw in enumerate(lines, start=1):
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            continue
+        if plain:
+            text = template.replace("{line}", line) if template is not None else line
+            item = Item(index, number, _with_system([{"role": "user", "content": text}], system))
+        else:
+            item = _json_item(index, number, line, system)
+        index += 1
+        yield item
+
+
+def _json_item(index: int, number: int, line: str, system: str | None) -> Item:
+    try:
+        data = json.loads(line)
+    except ValueError as e:
+        return Item(index, number, error=f"line {number} is not JSON ({e})")
+    if not isinstance(data, dict):
+        return Item(index, number, error=f"line {number} is not a JSON object")
+    item = Item(index, data.get("id", number))
+    prompt, messages = data.get("prompt"), data.get("messages")
+    if isinstance(prompt, str) and messages is None:
+        messages = [{"role": "user", "content": prompt}]
+    elif not (isinstance(messages, list) and messages and prompt is None
+              and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                      and isinstance(m.get("content"), str) for m in messages)):
+        item.error = 'each line needs "prompt" (a string) or "messages" (a list of {role, content})'
+        return item
+    line_system = data.get("system", system)
+    if line_system is not None and not isinstance(line_system, str):
+        item.error = '"system" must be a string'
+        return item
+    has_system = any(m["role"] == "system" for m in messages)
+    item.messages = messages if has_system else _with_system(messages, line_system)
+    for key, name in LINE_SETTINGS.items():
+        if key in data:
+            value = data[key]
+            if key == "json_schema" and not isinstance(value, str):
+                value = json.dumps(value)
+            elif key == "stop":
+                value = (value,) if isinstance(value, str) else tuple(value)
+            item.settings[name] = value
+    return item
+
+
+def _with_system(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    return ([{"role": "system", "content": system}] if system else []) + list(messages)
+
+
+def done_ids(lines: Iterable[str]) -> set[str]:
+    """The ids (as JSON text) that an earlier run's output holds results for (errors excluded)."""
+    done = set()
+    for line in lines:
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue  # a line cut short when the earlier run was stopped
+        if isinstance(data, dict) and "id" in data and "error" not in data:
+            done.add(json.dumps(data["id"]))
+    return done

@@ -1,0 +1,105 @@
+"""`infer batch`: JSONL in, JSONL out, several prompts decoded together."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+from conftest import CLI, assert_one_line_error, run_cli
+
+PROMPTS = ["The capital of France is", "Roses are red,", "1, 2, 3, 4,", "Once upon a time",
+           "SELECT name FROM", "The sea is"]
+
+
+def results(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def test_one_at_a_time_each_line_equals_infer_run(tiny_llama):
+    lines = [{"id": f"g{i}", "prompt": p, "temperature": 0} for i, p in enumerate(PROMPTS[:3])]
+    lines += [{"id": f"s{i}", "prompt": p, "temperature": 0.9, "seed": 7 + i}
+              for i, p in enumerate(PROMPTS[:3])]
+    r = run_cli("batch", tiny_llama, "--parallel", "1", "-n", "8",
+                input="".join(json.dumps(line) + "\n" for line in lines))
+    assert r.returncode == 0, r.stderr
+    got = {res["id"]: res["text"] for res in results(r.stdout)}
+    for line in lines:
+        flags = ["--temp", str(line["temperature"])]
+        if "seed" in line:
+            flags += ["--seed", str(line["seed"])]
+        alone = json.loads(run_cli("run", tiny_llama, "--json", "--no-cache", "-n", "8", *flags,
+                                   line["prompt"]).stdout)
+        assert got[line["id"]] == alone["text"], line
+
+
+def test_results_keep_input_order_unless_unordered(tiny_llama):
+    text = "".join(f"{p}\n" for p in PROMPTS)
+    ordered = run_cli("batch", tiny_llama, "--lines", "--parallel", "4", "-n", "4", "--temp", "0", input=text)
+    assert [res["id"] for res in results(ordered.stdout)] == [1, 2, 3, 4, 5, 6]
+    unordered = run_cli("batch", tiny_llama, "--lines", "--parallel", "4", "-n", "4", "--temp", "0",
+                        "--unordered", input=text)
+    assert sorted(res["id"] for res in results(unordered.stdout)) == [1, 2, 3, 4, 5, 6]
+    assert {res["id"]: res["text"] for res in results(unordered.stdout)} == {
+        res["id"]: res["text"] for res in results(ordered.stdout)}
+
+
+def test_bad_lines_get_error_objects_and_the_batch_goes_on(tiny_llama):
+    text = "\n".join([
+        json.dumps({"id": "ok", "prompt": "Hello"}),
+        "this is not json",
+        json.dumps({"id": "no-prompt", "text": "Hello"}),
+        json.dumps({"id": "too-long", "prompt": "word " * 3000}),
+        json.dumps({"id": "bad-temp", "prompt": "Hi", "temperature": -1}),
+        json.dumps({"id": "ok2", "messages": [{"role": "user", "content": "Hi"}]}),
+    ]) + "\n"
+    r = run_cli("batch", tiny_llama, "-n", "3", "--parallel", "2", "-c", "2048", input=text)
+    assert r.returncode == 2
+    by_id = {res["id"]: res for res in results(r.stdout)}
+    assert set(by_id) == {"ok", 2, "no-prompt", "too-long", "bad-temp", "ok2"}
+    assert "text" in by_id["ok"] and "text" in by_id["ok2"]
+    assert "not JSON" in by_id[2]["error"]
+    assert "prompt" in by_id["no-prompt"]["error"]
+    assert "parallel slots" in by_id["too-long"]["error"]
+    assert "temperature" in by_id["bad-temp"]["error"]
+
+
+def test_a_shared_system_prompt_is_prefilled_once(tiny_llama):
+    system = "You are a careful assistant. Answer every question in one short sentence. " * 3
+    r = run_cli("batch", tiny_llama, "--lines", "-s", system, "-n", "2", "--temp", "0", "-v",
+                input="".join(f"{p}\n" for p in PROMPTS))
+    assert r.returncode == 0, r.stderr
+    cached = {res["usage"]["cached_tokens"] for res in results(r.stdout)}
+    assert len(cached) == 1 and cached.pop() > 40  # every line started from the same copied prefix
+    assert "a shared prefix of" in r.stderr
+
+
+def test_ctrl_c_keeps_finished_results_and_resume_completes_the_file(tiny_llama, tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "prompt": PROMPTS[i % 6]}) + "\n" for i in range(30)))
+    out = tmp_path / "out.jsonl"
+    args = ["batch", tiny_llama, str(source), "-o", str(out), "--parallel", "2", "-n", "300", "--ignore-eos",
+            "--temp", "0"]
+    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.read_text().count("\n") < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    kept = results(out.read_text())
+    assert 2 <= len(kept) < 30
+    r = run_cli(*args, "--resume", "-n", "2")
+    assert r.returncode == 0, r.stderr
+    ids = [res["id"] for res in results(out.read_text())]
+    assert sorted(ids) == list(range(30))  # none lost, none twice
+    assert ids[:len(kept)] == [res["id"] for res in kept]
+
+
+def test_usage_errors(tiny_llama, tmp_path):
+    assert_one_line_error(run_cli("batch", tiny_llama, str(tmp_path / "missing.jsonl")), 2, "no such file")
+    assert_one_line_error(run_cli("batch", tiny_llama, "--resume", input="x\n"), 2, "--resume needs")
+    assert_one_line_error(run_cli("batch", tiny_llama, "--lines", "--template", "no slot", input="x\n"), 2,
+                          "{line}")
+    assert_one_line_error(run_cli("batch", tiny_llama, "--parallel", "0", input="x\n"), 2, "--parallel")
