@@ -2,6 +2,11 @@
 
     python benchmarks/make_model.py OUT.gguf [--embd 768 --layers 12 --heads 12 --ff 2048]
 
+The 156M-parameter model with a 32k vocabulary:
+
+    python benchmarks/make_model.py OUT.gguf --vocab llama-spm --embd 1024 --layers 8 --heads 16 \
+        --kv-heads 4 --ff 2816
+
 A Llama 3.2 1B shape (1.2B parameters), for figures where the weights should dominate:
 
     python benchmarks/make_model.py OUT.gguf --embd 2048 --layers 16 --heads 32 --kv-heads 8 --ff 8192
@@ -33,9 +38,11 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--kv-heads", type=int, default=0, help="default: a third of --heads")
     ap.add_argument("--ff", type=int, default=2048)
+    ap.add_argument("--vocab", default="llama-bpe", help="a vocabulary of the fixtures: llama-bpe (128k), "
+                    "llama-spm (32k)...")
     args = ap.parse_args()
     f16 = args.out.with_name(args.out.stem + "-f16.gguf")
-    build_llama_gguf(f16, vocab="llama-bpe", n_embd=args.embd, n_layer=args.layers,
+    build_llama_gguf(f16, vocab=args.vocab, n_embd=args.embd, n_layer=args.layers,
                      n_head=args.heads, n_head_kv=args.kv_heads or args.heads // 3 or 1, n_ff=args.ff,
                      n_ctx_train=4096, f16=True)
     quantize(f16, args.out, "Q8_0")

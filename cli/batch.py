@@ -23,9 +23,19 @@ from infer.cli.batch_input import Item, check_template, done_ids, read_items
 from infer.cli.errors import shielded
 from infer.runtime.errors import InferError, UsageError
 
-DEFAULT_PARALLEL = 8
 # Context per slot when -c is not given (at most the model's training context).
 SLOT_CONTEXT = 2048
+
+
+def default_parallel(n_params: int, n_ctx: int | None) -> int:
+    """Sequences decoded together when --parallel is not given.
+
+    Decoding is bound by reading the weights, so more sequences are nearly free until
+    the arithmetic catches up, which happens sooner on bigger models: 16 below 4B
+    parameters, 8 below 15B, 4 above. With -c, no fewer than 1,024 tokens per sequence.
+    """
+    by_size = 16 if n_params < 4e9 else 8 if n_params < 15e9 else 4
+    return max(1, min(by_size, n_ctx // 1024)) if n_ctx else by_size
 
 
 @o.model_command(
@@ -36,8 +46,9 @@ SLOT_CONTEXT = 2048
         help="JSONL requests (or plain lines with --lines); '-' is stdin.")], "-"),
     ("output", Annotated[Path | None, typer.Option(
         "-o", "--output", help="Write the JSONL results here instead of stdout.")], None),
-    ("parallel", Annotated[int, typer.Option(
-        "-np", "--parallel", help="Sequences decoded together.")], DEFAULT_PARALLEL),
+    ("parallel", Annotated[int | None, typer.Option(
+        "-np", "--parallel", help="Sequences decoded together (default: from the model's size and -c).",
+        show_default=False)], None),
     ("plain_lines", Annotated[bool, typer.Option(
         "--lines", help="Each input line is a prompt in plain text.")], False),
     ("template", Annotated[str | None, typer.Option(
@@ -59,7 +70,7 @@ def execute(flags: Mapping[str, Any]) -> int:
 
     if flags["verbose"]:
         o.log_to_stderr()
-    if flags["parallel"] < 1 or flags["parallel"] > 256:
+    if flags["parallel"] is not None and not 1 <= flags["parallel"] <= 256:
         raise UsageError("--parallel must be between 1 and 256")
     if flags["resume"] and flags["output"] is None:
         raise UsageError("--resume needs -o/--output: the results of the earlier run")
@@ -91,9 +102,9 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     from infer.runtime.scheduler import Scheduler
     from infer.runtime.session import common_prefix_len
 
-    parallel = flags["parallel"]
     cparams = o.model_context_params(flags, resolved.entry)
     with Model(resolved.path, n_gpu_layers=cparams.n_gpu_layers, use_mmap=cparams.use_mmap) as model:
+        parallel = flags["parallel"] or default_parallel(model.n_params, cparams.n_ctx)
         n_ctx = cparams.n_ctx or parallel * min(model.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
         defaults = o.model_sampling_defaults(model, resolved.entry)
         requests, errors = _requests(model, items, defaults, overrides)

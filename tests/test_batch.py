@@ -103,3 +103,13 @@ def test_usage_errors(tiny_llama, tmp_path):
     assert_one_line_error(run_cli("batch", tiny_llama, "--lines", "--template", "no slot", input="x\n"), 2,
                           "{line}")
     assert_one_line_error(run_cli("batch", tiny_llama, "--parallel", "0", input="x\n"), 2, "--parallel")
+
+
+def test_default_parallel_follows_model_size_and_context():
+    from infer.cli.batch import default_parallel
+
+    assert default_parallel(500_000_000, None) == 16
+    assert default_parallel(8_000_000_000, None) == 8
+    assert default_parallel(70_000_000_000, None) == 4
+    assert default_parallel(500_000_000, 4096) == 4  # at least 1,024 tokens each
+    assert default_parallel(500_000_000, 512) == 1
