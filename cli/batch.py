@@ -21,6 +21,7 @@ import typer
 from infer.cli import options as o
 from infer.cli.batch_input import Item, check_template, done_ids, read_items
 from infer.cli.errors import shielded
+from infer.cli.stdin import decode_stdin
 from infer.runtime.errors import InferError, UsageError
 
 # Context per slot when -c is not given (at most the model's training context).
@@ -235,7 +236,7 @@ def _input_lines(name: str) -> Iterator[str]:
     if name == "-":
         if sys.stdin.isatty():
             raise UsageError("give an INPUT file, or pipe the requests into stdin")
-        return iter(sys.stdin.buffer.read().decode("utf-8", errors="replace").splitlines())
+        return iter(decode_stdin(sys.stdin.buffer.read()).splitlines())
     try:
         return iter(Path(name).read_text(encoding="utf-8").splitlines())
     except FileNotFoundError:

@@ -144,7 +144,7 @@ def _block_end(source: str) -> int | None:
         pos = nl + 1
         m = _FENCE.match(line)
         if fence is not None:
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2).strip():
+            if _closes(m, fence):
                 return pos
         elif m:
             fence, seen_text = m.group(1), True
@@ -156,6 +156,11 @@ def _block_end(source: str) -> int | None:
     return None
 
 
+def _closes(m: re.Match[str] | None, fence: str) -> bool:
+    """Whether a fence line `m` closes a fence opened with `fence` (same character, as long, bare)."""
+    return bool(m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2).strip())
+
+
 def _open_fence(source: str) -> tuple[str, str] | None:
     """(the opening line, the closing marker) of a code fence `source` leaves open, if any."""
     opening: tuple[str, str] | None = None
@@ -164,8 +169,7 @@ def _open_fence(source: str) -> tuple[str, str] | None:
         if opening is None:
             if m:
                 opening = (line + "\n", m.group(1))
-        elif m and m.group(1)[0] == opening[1][0] and len(m.group(1)) >= len(opening[1]) \
-                and not m.group(2).strip():
+        elif _closes(m, opening[1]):
             opening = None
     return opening
 

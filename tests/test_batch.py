@@ -113,3 +113,7 @@ def test_default_parallel_follows_model_size_and_context():
     assert default_parallel(70_000_000_000, None) == 4
     assert default_parallel(500_000_000, 4096) == 4  # at least 1,024 tokens each
     assert default_parallel(500_000_000, 512) == 1
+
+
+def test_binary_stdin_is_a_usage_error(tiny_llama):
+    assert_one_line_error(run_cli("batch", tiny_llama, input=b"\x00\x01\x02"), 2, "binary")
