@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--parallel", type=int, default=16)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--kv", choices=("unified", "split"), default=None,
+                    help="KV cache for the batched run: one pool, or a stream per sequence "
+                         "(default: the runtime's choice)")
     args = ap.parse_args()
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     texts = [f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (number {i})."
@@ -46,8 +49,10 @@ def main() -> None:
             sequential += done.usage.completion_tokens
         t_sequential = time.perf_counter() - t0
 
-    n_ctx = args.parallel * (max(len(p) for p in prompts) + args.tokens + 16)
-    cparams = ContextParams(n_ctx=n_ctx, n_threads=args.threads, n_seq_max=args.parallel + 1)
+    n_ctx = (args.parallel + 1) * (max(len(p) for p in prompts) + args.tokens + 16)
+    unified = None if args.kv is None else args.kv == "unified"
+    cparams = ContextParams(n_ctx=n_ctx, n_threads=args.threads, n_seq_max=args.parallel + 1,
+                            kv_unified=unified)
     with Model(args.model) as model, Context(model, cparams) as ctx:
         scheduler = Scheduler(model, ctx, parallel=args.parallel)
         t0 = time.perf_counter()
@@ -59,7 +64,8 @@ def main() -> None:
     a, b = sequential / t_sequential, batched / t_batched
     print(f"model: {args.model}   threads: {args.threads}   {args.prompts} prompts x {args.tokens} tokens")
     print(f"one at a time          {a:8.1f} tokens/s  ({sequential} tokens in {t_sequential:.1f} s)")
-    print(f"parallel {args.parallel:<3}           {b:8.1f} tokens/s  ({batched} tokens in {t_batched:.1f} s)")
+    kind = "unified KV" if ctx.kv_unified else "KV per sequence"
+    print(f"parallel {args.parallel:<3} ({kind})  {b:8.1f} tokens/s  ({batched} tokens in {t_batched:.1f} s)")
     print(f"ratio                  {b / a:8.2f}  (target >= 2.5)")
 
 

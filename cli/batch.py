@@ -21,6 +21,7 @@ import typer
 from infer.cli import options as o
 from infer.cli.batch_input import Item, check_template, done_ids, read_items
 from infer.cli.errors import shielded
+from infer.cli.placement import Placed, explain, model_layout, place, report
 from infer.cli.stdin import decode_stdin
 from infer.runtime.errors import InferError, UsageError
 
@@ -81,6 +82,10 @@ def execute(flags: Mapping[str, Any]) -> int:
     overrides = o.sampling_overrides(flags)
     SamplingParams.resolve({}, overrides)
     o.context_params(flags)
+    if flags["explain"]:
+        resolved = o.resolve(flags)
+        explain(_place(flags, resolved)[0], resolved.reference)
+        return 0
     items = list(read_items(_input_lines(flags["input"]), plain=flags["plain_lines"],
                             template=flags["template"], system=flags["system"]))
     output = Path(flags["output"]) if flags["output"] is not None else None
@@ -96,6 +101,15 @@ def execute(flags: Mapping[str, Any]) -> int:
     return 2 if failed else 0
 
 
+def _place(flags: Mapping[str, Any], resolved: Any) -> tuple[Placed, int]:
+    """The planned load, and the sequences decoded together (--parallel or the default)."""
+    cparams = o.model_context_params(flags, resolved.entry)
+    layout = model_layout(resolved.path)
+    parallel = flags["parallel"] or default_parallel(layout.n_params, cparams.n_ctx)
+    n_ctx = cparams.n_ctx or parallel * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
+    return place(resolved.path, replace(cparams, n_ctx=n_ctx, n_seq_max=parallel + 1)), parallel
+
+
 def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: dict[str, Any],
          out: IO[str]) -> int:
     from infer.cli.run import result_json
@@ -103,10 +117,12 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     from infer.runtime.scheduler import Scheduler
     from infer.runtime.session import common_prefix_len
 
-    cparams = o.model_context_params(flags, resolved.entry)
-    with Model(resolved.path, n_gpu_layers=cparams.n_gpu_layers, use_mmap=cparams.use_mmap) as model:
-        parallel = flags["parallel"] or default_parallel(model.n_params, cparams.n_ctx)
-        n_ctx = cparams.n_ctx or parallel * min(model.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
+    placed, parallel = _place(flags, resolved)
+    cparams = placed.params
+    with Model(resolved.path, n_gpu_layers=cparams.n_gpu_layers, devices=placed.handles,
+               tensor_split=cparams.tensor_split, use_mmap=cparams.use_mmap) as model:
+        if flags["verbose"]:
+            report(placed, model)
         defaults = o.model_sampling_defaults(model, resolved.entry)
         requests, errors = _requests(model, items, defaults, overrides)
         prefix: list[int] = []
@@ -114,7 +130,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
             prefix = requests[0].tokens
             for r in requests[1:]:
                 prefix = prefix[:common_prefix_len(prefix, r.tokens)]
-        with Context(model, replace(cparams, n_ctx=n_ctx, n_seq_max=parallel + 1)) as ctx:
+        with Context(model, cparams) as ctx:
             scheduler = Scheduler(model, ctx, parallel=parallel, shared_prefix=prefix)
             writer = _Writer(out, items, ordered=flags["ordered"], model=resolved.reference,
                              to_json=result_json)

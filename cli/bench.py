@@ -11,6 +11,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.placement import explain, place, report
 from infer.runtime.errors import UsageError
 
 
@@ -30,6 +31,9 @@ def bench(
     batch_size: o.BatchSize = 2048,
     ubatch_size: o.UbatchSize = 512,
     gpu_layers: o.GpuLayers = None,
+    tensor_split: o.TensorSplit = None,
+    rpc: o.Rpc = None,
+    explain: o.Explain = False,
     flash_attn: o.FlashAttn = "auto",
     cache_type_k: o.CacheTypeK = "f16",
     cache_type_v: o.CacheTypeV = "f16",
@@ -53,8 +57,16 @@ def execute(flags: Mapping[str, Any]) -> None:
     needed = max(sizes) + 1
     params = o.context_params({**flags, "ctx_size": flags["ctx_size"] or max(needed, 512)})
     resolved = o.resolve(flags)
+    placed = place(resolved.path, params)
+    if flags["explain"]:
+        explain(placed, resolved.reference)
+        return
+    if flags["verbose"]:
+        o.log_to_stderr()
     results = []
-    with Session.open(resolved.path, params) as session:
+    with Session.open(resolved.path, placed.params, devices=placed.handles) as session:
+        if flags["verbose"]:
+            report(placed, session.model)
         if needed > session.n_ctx:
             raise UsageError(f"a test of {needed - 1} tokens does not fit the context of "
                              f"{session.n_ctx} tokens (raise -c/--ctx-size)")

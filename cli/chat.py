@@ -17,6 +17,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.placement import explain, place, report
 from infer.cli.render import reply_writer
 from infer.runtime.errors import InferError, UsageError
 
@@ -63,6 +64,10 @@ def _chat(flags: Mapping[str, Any]) -> None:
     overrides = o.sampling_overrides(flags)
     SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
     o.context_params(flags)
+    if flags["explain"]:
+        resolved = o.resolve(flags)
+        explain(place(resolved.path, o.model_context_params(flags, resolved.entry)), resolved.reference)
+        return
     loaded = _Loaded.open(flags, flags["model"])
     system = flags["system"]
     if system is None and loaded.entry:
@@ -99,7 +104,10 @@ class _Loaded:
         """Open a resolved model with the context the flags ask for."""
         from infer.runtime.session import Session
 
-        session = Session.open(resolved.path, o.model_context_params(flags, resolved.entry))
+        placed = place(resolved.path, o.model_context_params(flags, resolved.entry))
+        session = Session.open(resolved.path, placed.params, devices=placed.handles)
+        if flags.get("verbose"):
+            report(placed, session.model)
         return cls(session, resolved.reference, resolved.entry)
 
 

@@ -10,10 +10,12 @@ from infer.cli import __version__, models
 from infer.cli.batch import batch
 from infer.cli.bench import bench
 from infer.cli.chat import chat
+from infer.cli.doctor import doctor
 from infer.cli.errors import guarded
 from infer.cli.prompt_cache import cache_app
 from infer.cli.quantize import quantize
 from infer.cli.run import run
+from infer.cli.worker import worker
 
 app = typer.Typer(
     name="infer",
@@ -28,13 +30,14 @@ app = typer.Typer(
 def version_text() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    from infer.runtime.llama import llama_cpp_version, supports_gpu_offload
+    from infer.runtime.ggml import backends
+    from infer.runtime.llama import llama_cpp_version
 
     try:
         bindings = version("llama_cpp_python")
     except PackageNotFoundError:
         bindings = "unknown"
-    backend = "GPU offload" if supports_gpu_offload() else "CPU only"
+    backend = ", ".join(backends())
     return (f"infer {__version__}\n"
             f"llama.cpp {llama_cpp_version()} (llama-cpp-python {bindings}, {backend})")
 
@@ -63,6 +66,8 @@ app.command("rm", no_args_is_help=True)(models.rm)
 app.command("quantize", no_args_is_help=True)(quantize)
 app.command("bench", no_args_is_help=True)(bench)
 app.command("batch", no_args_is_help=True)(batch)
+app.command("doctor")(doctor)
+app.command("worker")(worker)
 app.add_typer(cache_app, name="cache")
 
 

@@ -98,9 +98,20 @@ UbatchSize = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical 
 Threads = Annotated[int | None, typer.Option("-t", "--threads",
                                                 help="CPU threads (default: physical cores).",
                                                 rich_help_panel=CONTEXT)]
-GpuLayers = Annotated[int | None, typer.Option(
-    "-ngl", "--gpu-layers", "--n-gpu-layers",
-    help="Layers to offload to the GPU (-1: all; default: all when a GPU backend is built in).",
+GpuLayers = Annotated[str | None, typer.Option(
+    "-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N|auto|all",
+    help="Layers to offload to GPUs and --rpc workers (default auto: as many as fit; -1 or all: every one).",
+    rich_help_panel=CONTEXT, show_default=False)]
+TensorSplit = Annotated[str | None, typer.Option(
+    "-ts", "--tensor-split", metavar="W,W,...",
+    help="How to share the offloaded layers among the devices, workers first (e.g. 3,1).",
+    rich_help_panel=CONTEXT, show_default=False)]
+Rpc = Annotated[str | None, typer.Option(
+    "--rpc", metavar="HOST:PORT,...",
+    help="Add the devices of these 'infer worker' processes and split the model across them.",
+    rich_help_panel=CONTEXT, show_default=False)]
+Explain = Annotated[bool, typer.Option(
+    "--explain", help="Print where the model would go in memory (the plan) and exit.",
     rich_help_panel=CONTEXT)]
 FlashAttn = Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention: on, off or auto.",
                                         rich_help_panel=CONTEXT)]
@@ -212,6 +223,41 @@ def model_sampling_defaults(model: Any, entry: Any) -> dict[str, Any]:
     return defaults
 
 
+def parse_gpu_layers(value: str | int | None) -> int | None:
+    """-ngl: None for auto, -1 for all, else a count."""
+    if value is None or str(value).strip().lower() == "auto":
+        return None
+    text = str(value).strip().lower()
+    if text in ("all", "max"):
+        return -1
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"-ngl {value!r}: expected a number of layers, auto or all") from None
+
+
+def parse_tensor_split(text: str | None) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(float(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise UsageError(f"--tensor-split {text!r}: expected weights like 3,1") from None
+
+
+def parse_rpc(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    from infer.runtime.ggml import parse_endpoint
+
+    endpoints = tuple(e.strip() for e in text.split(",") if e.strip())
+    for e in endpoints:
+        parse_endpoint(e)
+    if not endpoints:
+        raise UsageError("--rpc needs HOST:PORT[,HOST:PORT...]")
+    return endpoints
+
+
 def context_params(flags: Mapping[str, Any]) -> ContextParams:
     """ContextParams from a command's parsed flags (validated; UsageError if out of range)."""
     return ContextParams(
@@ -219,7 +265,9 @@ def context_params(flags: Mapping[str, Any]) -> ContextParams:
         n_batch=flags.get("batch_size") or 2048,
         n_ubatch=flags.get("ubatch_size") or 512,
         n_threads=flags.get("threads"),
-        n_gpu_layers=flags.get("gpu_layers"),
+        n_gpu_layers=parse_gpu_layers(flags.get("gpu_layers")),
+        tensor_split=parse_tensor_split(flags.get("tensor_split")),
+        rpc=parse_rpc(flags.get("rpc")),
         flash_attn=(flags.get("flash_attn") or "auto").lower(),
         cache_type_k=(flags.get("cache_type_k") or "f16").lower(),
         cache_type_v=(flags.get("cache_type_v") or "f16").lower(),
@@ -245,6 +293,7 @@ _MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("ubatch_size", UbatchSize, 512), ("threads", Threads, None), ("gpu_layers", GpuLayers, None),
     ("flash_attn", FlashAttn, "auto"), ("cache_type_k", CacheTypeK, "f16"),
     ("cache_type_v", CacheTypeV, "f16"), ("no_mmap", NoMmap, False),
+    ("tensor_split", TensorSplit, None), ("rpc", Rpc, None), ("explain", Explain, False),
 )
 
 

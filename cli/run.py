@@ -12,6 +12,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.placement import explain, place, report
 from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import UsageError
 
@@ -70,15 +71,17 @@ def execute(flags: Mapping[str, Any]) -> None:
         model, prompt_arg = record.model, model  # `infer run -C "next question"`
     if model is None:
         raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT])")
-    text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
-
     resolved = o.resolve({**flags, "model": model})
     entry = resolved.entry  # an alias's defaults apply unless a flag says otherwise
-    cparams = o.model_context_params(flags, entry)
+    placed = place(resolved.path, o.model_context_params(flags, entry))
+    if flags["explain"]:
+        explain(placed, resolved.reference)
+        return
+    text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
     system = flags["system"]
     if entry and entry.system and system is None and not flags["raw"] and record is None:
         system = entry.system
-    loaded = Session.open_in_background(resolved.path, cparams)
+    loaded = Session.open_in_background(resolved.path, placed.params, devices=placed.handles)
     # While llama.cpp loads the model: import the template machinery (Jinja).
     from infer.cli.prompt_cache import open_cache
     from infer.quant.paths import infer_home
@@ -89,6 +92,8 @@ def execute(flags: Mapping[str, Any]) -> None:
     cache = None if flags["no_cache"] else open_cache()
 
     with loaded() as session:
+        if flags["verbose"]:
+            report(placed, session.model)
         preamble = 0
         if flags["raw"]:
             if not text:

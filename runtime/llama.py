@@ -1,8 +1,9 @@
-"""The only module that calls llama.cpp's C API (through llama-cpp-python's ctypes bindings).
+"""Where infer calls llama.cpp's C API (through llama-cpp-python's ctypes bindings).
 
 It owns native handles (model, context, batch, sampler chain), frees them
 deterministically, routes llama.cpp's log into Python ``logging`` and turns
-failures into infer's typed errors.
+failures into infer's typed errors. ``runtime/ggml.py`` binds ggml's device API,
+which llama.cpp's does not cover; no other module calls native code.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import importlib
 import importlib.util
 import logging
 import os
+import re
 import sys
+import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
@@ -60,6 +63,10 @@ C: Any = load_bindings_module("llama_cpp")
 _LOG_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _last_level = logging.INFO
 _errors: list[str] = []  # llama.cpp's error lines since the last take_errors()
+# While a model loads: layer index -> the device llama.cpp put it on (its debug log
+# is the only place that says; layer n_layer is the output layer).
+_placement: dict[int, str] | None = None
+_PLACED = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
 
 
 @C.llama_log_callback
@@ -69,11 +76,26 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     py_level = _last_level if level == 5 else _LOG_LEVELS.get(level, logging.INFO)
     _last_level = py_level
     line = text.decode("utf-8", "replace").rstrip("\n")
+    if _placement is not None and "assigned to device" in line:
+        m = _PLACED.search(line)
+        if m:
+            _placement[int(m.group(1))] = m.group(2)
     if py_level >= logging.ERROR:
         del _errors[:-8]
         _errors.append(line)
     if log.isEnabledFor(py_level):
         log.log(py_level, "%s", line)
+
+
+_watchdog: tuple[float, Callable[[float], None]] | None = None
+
+
+def set_decode_watchdog(interval: float, check: Callable[[float], None] | None) -> None:
+    """While a llama_decode call runs, call ``check(seconds_so_far)`` every ``interval``
+    seconds (from another thread). For remote devices, whose failures can otherwise
+    block a decode for ever; ``check`` decides what a stall means. None turns it off."""
+    global _watchdog
+    _watchdog = (interval, check) if check is not None else None
 
 
 def take_errors() -> str:
@@ -98,10 +120,6 @@ def llama_cpp_version() -> str:
 
 def system_info() -> str:
     return C.llama_print_system_info().decode("utf-8", "replace").strip()
-
-
-def supports_gpu_offload() -> bool:
-    return bool(C.llama_supports_gpu_offload())
 
 
 def physical_cores() -> int:
@@ -136,19 +154,41 @@ class Model:
     """A loaded model (weights memory-mapped) and its vocabulary."""
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int | None = None,
+                 devices: Sequence[int] | None = None, tensor_split: Sequence[float] = (),
                  use_mmap: bool = True, vocab_only: bool = False) -> None:
+        """``devices``: ggml device handles to offload to, in order (None: every local
+        GPU); ``n_gpu_layers``: how many layers go to them (None or -1: all);
+        ``tensor_split``: their weights (empty: by free memory)."""
+        global _placement
         init_backend()
         self.path = Path(path)
         self._eog: list[int] | None = None
+        if devices is None:
+            from infer.runtime.ggml import devices as all_devices
+
+            devices = [d.handle for d in all_devices() if d.offloads]
         mparams = C.llama_model_default_params()
-        if n_gpu_layers is None:
-            n_gpu_layers = -1 if supports_gpu_offload() else 0
-        mparams.n_gpu_layers = n_gpu_layers
-        self.on_cpu = n_gpu_layers == 0 or not supports_gpu_offload()
+        if not devices:
+            n_gpu_layers = 0
+        mparams.n_gpu_layers = -1 if n_gpu_layers is None else n_gpu_layers
+        self.on_cpu = n_gpu_layers == 0
+        self._devices = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+        mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        if tensor_split:
+            if len(tensor_split) > C.llama_max_devices():
+                raise UsageError(f"--tensor-split: at most {C.llama_max_devices()} devices")
+            self._split = (ctypes.c_float * C.llama_max_devices())(*tensor_split)
+            mparams.tensor_split = self._split
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if use_mmap else C.LLAMA_LOAD_MODE_NONE
         mparams.vocab_only = vocab_only
         take_errors()
-        self._ptr = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+        _placement = {}
+        try:
+            self._ptr = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+            # layer -> device name ("CPU", "CUDA0", "RPC0"...); n_layer is the output layer
+            self.placement: dict[int, str] = _placement
+        finally:
+            _placement = None
         if not self._ptr:
             reason = take_errors().split("error loading model: ")[-1].split(" llama_model_load")[0]
             raise ModelError(f"{self.path}: llama.cpp could not load the model: "
@@ -295,14 +335,16 @@ class Context:
     def __init__(self, model: Model, params: ContextParams) -> None:
         self.model = model
         cp = C.llama_context_default_params()
-        n_ctx = params.n_ctx or min(model.n_ctx_train or 4096, ContextParams.DEFAULT_MAX_CTX)
+        n_ctx = params.resolved_n_ctx(model.n_ctx_train)
         cp.n_ctx = n_ctx
         cp.n_batch = min(params.n_batch, n_ctx)
         cp.n_ubatch = min(params.n_ubatch, cp.n_batch)
         cp.n_seq_max = params.n_seq_max
-        # Sequences share one pool of cells, so a shared prefix is copied by reference
-        # (llama_memory_seq_cp) and a slot can hold any share of the context.
-        cp.kv_unified = params.n_seq_max > 1
+        # Unified: sequences share one pool of cells, so a shared prefix is copied by
+        # reference (llama_memory_seq_cp) and a slot can hold any share of the context.
+        # Not unified: each sequence has its own stream and attends only to its cells.
+        self.kv_unified = params.n_seq_max > 1 if params.kv_unified is None else params.kv_unified
+        cp.kv_unified = self.kv_unified
         threads = params.n_threads or physical_cores()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
@@ -323,6 +365,7 @@ class Context:
             )
         self.params = params
         self.n_ctx = int(C.llama_n_ctx(self._ptr))
+        self.n_ctx_seq = int(C.llama_n_ctx_seq(self._ptr))  # the cells one sequence may use
         self.n_batch = int(C.llama_n_batch(self._ptr))
         self.n_threads = threads
         self._memory = C.llama_get_memory(self._ptr)
@@ -345,7 +388,10 @@ class Context:
         self.close()
 
     def decode(self, batch: Batch) -> None:
-        rc = C.llama_decode(self._ptr, batch.native)
+        if _watchdog is None:
+            rc = C.llama_decode(self._ptr, batch.native)
+        else:
+            rc = self._decode_watched(batch, *_watchdog)
         if rc == 0:
             return
         if rc == 1:
@@ -353,6 +399,23 @@ class Context:
         if rc == 2:
             raise KeyboardInterrupt
         raise LlamaError(f"llama_decode failed with code {rc}")
+
+    def _decode_watched(self, batch: Batch, interval: float, check: Callable[[float], None]) -> int:
+        import threading
+
+        done = threading.Event()
+
+        def watch() -> None:
+            t0 = time.monotonic()
+            while not done.wait(interval):
+                check(time.monotonic() - t0)
+
+        watcher = threading.Thread(target=watch, name="infer-decode-watchdog", daemon=True)
+        watcher.start()
+        try:
+            return int(C.llama_decode(self._ptr, batch.native))
+        finally:
+            done.set()
 
     @contextmanager
     def interruptible(self) -> Iterator[None]:

@@ -15,8 +15,9 @@ class ContextParams:
     """Frozen, validated context settings; names follow llama.cpp's.
 
     ``n_ctx=None`` means the model's training context capped at DEFAULT_MAX_CTX;
-    ``n_threads=None`` means the physical cores; ``n_gpu_layers=None`` means all
-    layers when a GPU backend is present, else none.
+    ``n_threads=None`` means the physical cores; ``n_gpu_layers=None`` means as
+    many layers as fit on the GPUs and workers (``-ngl auto``; all of them when the
+    caller did not plan), -1 all of them.
     """
 
     DEFAULT_MAX_CTX = 4096
@@ -25,6 +26,9 @@ class ContextParams:
     n_batch: int = 2048
     n_ubatch: int = 512
     n_seq_max: int = 1
+    # One pool of cells for all sequences (True) or a stream of n_ctx / n_seq_max cells
+    # per sequence (False); None: unified when there are several sequences.
+    kv_unified: bool | None = None
     n_threads: int | None = None
     n_threads_batch: int | None = None
     n_gpu_layers: int | None = None
@@ -32,6 +36,12 @@ class ContextParams:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     use_mmap: bool = True
+    tensor_split: tuple[float, ...] = ()  # weights of the offload devices (empty: by free memory)
+    rpc: tuple[str, ...] = ()              # HOST:PORT of RPC workers whose devices join in
+
+    def resolved_n_ctx(self, n_ctx_train: int) -> int:
+        """The context size to create: n_ctx, else the model's capped at DEFAULT_MAX_CTX."""
+        return self.n_ctx or min(n_ctx_train or 4096, self.DEFAULT_MAX_CTX)
 
     def __post_init__(self) -> None:
         if self.n_ctx is not None and self.n_ctx < 16:
@@ -45,6 +55,8 @@ class ContextParams:
                 raise UsageError(f"thread count must be at least 1, got {value}")
         if self.n_gpu_layers is not None and self.n_gpu_layers < -1:
             raise UsageError(f"GPU layers must be -1 (all) or more, got {self.n_gpu_layers}")
+        if any(w < 0 for w in self.tensor_split) or (self.tensor_split and not any(self.tensor_split)):
+            raise UsageError("--tensor-split weights must be 0 or more, and not all 0")
         if self.flash_attn not in FLASH_ATTN_MODES:
             raise UsageError(
                 f"flash attention must be one of {', '.join(FLASH_ATTN_MODES)}, "

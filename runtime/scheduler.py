@@ -73,8 +73,9 @@ class _Slot:
 class Scheduler:
     """Runs requests `parallel` at a time in `context` (which needs n_seq_max >= parallel + 1).
 
-    Each slot may use an equal share of the context's cells beyond the shared prefix;
-    a request whose prompt and token limit do not fit its share fails on its own.
+    Each slot may use an equal share of the context's cells beyond the shared prefix
+    (with a unified KV cache), or its sequence's stream less the prefix (without);
+    a request whose prompt and token limit do not fit fails on its own.
     """
 
     def __init__(self, model: Model, context: Context, *, parallel: int,
@@ -85,7 +86,10 @@ class Scheduler:
         self.slots = [_Slot(seq_id) for seq_id in range(1, parallel + 1)]
         self.batch = Batch(context.n_batch)
         self.prefix = list(shared_prefix)
-        self.slot_cells = (context.n_ctx - len(self.prefix)) // parallel
+        if context.kv_unified:  # the prefix's cells are shared; the rest is split evenly
+            self.slot_cells = (context.n_ctx - len(self.prefix)) // parallel
+        else:  # each sequence's stream holds its own copy of the prefix
+            self.slot_cells = context.n_ctx_seq - len(self.prefix)
         self.prefilled_tokens = 0  # every prompt token decoded, the shared prefix included
 
     def close(self) -> None:
@@ -166,8 +170,12 @@ class Scheduler:
         except InferError as e:
             return Outcome(request.key, error=str(e))
         self.context.memory_seq_rm(slot.seq_id, 0, -1)
-        if shared:
+        if shared and self.context.kv_unified:
             self.context.memory_seq_cp(PREFIX_SEQ, slot.seq_id, 0, shared)
+        elif shared:  # across streams llama.cpp copies whole sequences only
+            self.context.memory_seq_cp(PREFIX_SEQ, slot.seq_id, 0, -1)
+            if shared < len(self.prefix):
+                self.context.memory_seq_rm(slot.seq_id, shared, -1)
         slot.start(request, params, chain, shared, room if max_tokens is None else max_tokens)
         return None
 

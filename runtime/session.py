@@ -115,11 +115,15 @@ class Session:
         self._batch = Batch(context.n_batch)
 
     @classmethod
-    def open(cls, path: str | Path, params: ContextParams | None = None) -> Session:
-        """Load the model at `path` (mmap) and create a context for it."""
+    def open(cls, path: str | Path, params: ContextParams | None = None, *,
+             devices: Sequence[int] | None = None) -> Session:
+        """Load the model at `path` (mmap) and create a context for it.
+
+        ``devices``: the ggml devices to offload to (see ``Model``)."""
         params = params or ContextParams()
         t0 = time.perf_counter()
-        model = Model(path, n_gpu_layers=params.n_gpu_layers, use_mmap=params.use_mmap)
+        model = Model(path, n_gpu_layers=params.n_gpu_layers, devices=devices,
+                      tensor_split=params.tensor_split, use_mmap=params.use_mmap)
         try:
             context = Context(model, params)
         except BaseException:
@@ -128,8 +132,8 @@ class Session:
         return cls(model, context, load_ms=(time.perf_counter() - t0) * 1000)
 
     @classmethod
-    def open_in_background(cls, path: str | Path,
-                           params: ContextParams | None = None) -> Callable[[], Session]:
+    def open_in_background(cls, path: str | Path, params: ContextParams | None = None, *,
+                           devices: Sequence[int] | None = None) -> Callable[[], Session]:
         """Start loading in a thread; return a function that waits for the Session.
 
         llama.cpp releases the GIL while it loads, so a one-shot run can import and
@@ -142,7 +146,7 @@ class Session:
 
         def load() -> None:
             try:
-                outcome.append(cls.open(path, params))
+                outcome.append(cls.open(path, params, devices=devices))
             except BaseException as e:  # handed to the waiting caller
                 outcome.append(e)
 

@@ -28,10 +28,11 @@ def tokens_of(model, text):
     return model.tokenize(text, add_special=True, parse_special=False)
 
 
-def run_batched(path, requests, *, parallel, n_ctx=4096, shared_prefix=(), record=False):
+def run_batched(path, requests, *, parallel, n_ctx=4096, shared_prefix=(), record=False, unified=None):
     """{key: Completion} (and {key: [logits per step]}) from a scheduler over `requests`."""
     logits: dict = {}
-    with Model(path) as model, Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=parallel + 1)) as ctx:
+    cparams = ContextParams(n_ctx=n_ctx, n_seq_max=parallel + 1, kv_unified=unified)
+    with Model(path) as model, Context(model, cparams) as ctx:
         scheduler = Scheduler(model, ctx, parallel=parallel, shared_prefix=shared_prefix)
         hook = (lambda key, step, row: logits.setdefault(key, []).append(row)) if record else None
         outcomes = list(scheduler.run(requests(model), on_logits=hook))
@@ -59,8 +60,9 @@ def test_one_at_a_time_equals_a_solo_run(tiny_llama, params):
     assert [got[i].text for i in range(4)] == expected
 
 
+@pytest.mark.parametrize("unified", [True, False], ids=["unified-kv", "kv-per-sequence"])
 @pytest.mark.parametrize("parallel", [4, 16])
-def test_batched_logits_match_each_sequence_decoded_alone(tiny_llama, parallel):
+def test_batched_logits_match_each_sequence_decoded_alone(tiny_llama, parallel, unified):
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     n = 16 if parallel == 16 else 8
 
@@ -68,7 +70,7 @@ def test_batched_logits_match_each_sequence_decoded_alone(tiny_llama, parallel):
         return [Request(i, tokens_of(model, PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS))), params)
                 for i in range(n)]
 
-    got, logits, _ = run_batched(tiny_llama, requests, parallel=parallel, record=True)
+    got, logits, _ = run_batched(tiny_llama, requests, parallel=parallel, record=True, unified=unified)
     with Session.open(tiny_llama) as alone:
         for key, steps in logits.items():
             prompt = requests(alone.model)[key].tokens
@@ -95,7 +97,8 @@ def test_more_requests_than_slots_all_finish_and_a_bad_one_fails_alone(tiny_llam
     assert all(done[i].completion.usage.completion_tokens == 6 for i in range(10))
 
 
-def test_a_shared_prefix_is_prefilled_once_and_copied(tiny_llama):
+@pytest.mark.parametrize("unified", [True, False], ids=["unified-kv", "kv-per-sequence"])
+def test_a_shared_prefix_is_prefilled_once_and_copied(tiny_llama, unified):
     params = SamplingParams(temperature=0.0, max_tokens=8)
     system = "You are a helpful assistant who answers in one short sentence. " * 4
     questions = ["What is rain?", "Why is snow white?", "Where do rivers go?", "How old is the sun?",
@@ -113,7 +116,7 @@ def test_a_shared_prefix_is_prefilled_once_and_copied(tiny_llama):
 
     with Model(tiny_llama, vocab_only=True) as vocab:
         prefix = tokens_of(vocab, system)
-    got, _, prefilled = run_batched(tiny_llama, requests, parallel=4, shared_prefix=prefix)
+    got, _, prefilled = run_batched(tiny_llama, requests, parallel=4, shared_prefix=prefix, unified=unified)
     assert prefilled == len(prefix) + sum(n - len(prefix) for n in lengths.values())
     assert all(c.usage.cached_tokens == len(prefix) for c in got.values())
     for i, completion in got.items():  # and the answers are each question's own
