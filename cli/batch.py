@@ -106,7 +106,8 @@ def _place(flags: Mapping[str, Any], resolved: Any) -> tuple[Placed, int]:
     cparams = o.model_context_params(flags, resolved.entry)
     layout = model_layout(resolved.path)
     parallel = flags["parallel"] or default_parallel(layout.n_params, cparams.n_ctx)
-    n_ctx = cparams.n_ctx or parallel * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
+    # A KV stream per sequence: the slots and the shared prefix's own sequence.
+    n_ctx = cparams.n_ctx or (parallel + 1) * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
     return place(resolved.path, replace(cparams, n_ctx=n_ctx, n_seq_max=parallel + 1)), parallel
 
 

@@ -51,6 +51,7 @@ def bench_prefill(session: Session, n_tokens: int, repetitions: int, *, seed: in
         session.tokens.clear()
         t0 = time.perf_counter()
         session.prefill(tokens)
+        session.context.synchronize()  # as llama-bench does: GPU and RPC decodes return early
         speeds.append(n_tokens / (time.perf_counter() - t0))
     return BenchResult(f"pp{n_tokens}", n_tokens, tuple(speeds))
 

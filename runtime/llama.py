@@ -341,9 +341,9 @@ class Context:
         cp.n_ubatch = min(params.n_ubatch, cp.n_batch)
         cp.n_seq_max = params.n_seq_max
         # Unified: sequences share one pool of cells, so a shared prefix is copied by
-        # reference (llama_memory_seq_cp) and a slot can hold any share of the context.
-        # Not unified: each sequence has its own stream and attends only to its cells.
-        self.kv_unified = params.n_seq_max > 1 if params.kv_unified is None else params.kv_unified
+        # reference (llama_memory_seq_cp). Not unified: each sequence has its own stream
+        # of n_ctx / n_seq_max cells and attends only to them (faster when batching).
+        self.kv_unified = params.kv_unified
         cp.kv_unified = self.kv_unified
         threads = params.n_threads or physical_cores()
         cp.n_threads = threads
@@ -399,6 +399,11 @@ class Context:
         if rc == 2:
             raise KeyboardInterrupt
         raise LlamaError(f"llama_decode failed with code {rc}")
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished the last decode (GPU and RPC backends return
+        before the work is done; the CPU backend never does)."""
+        C.llama_synchronize(self.ptr)
 
     def _decode_watched(self, batch: Batch, interval: float, check: Callable[[float], None]) -> int:
         import threading
