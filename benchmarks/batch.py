@@ -33,6 +33,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--parallel", type=int, default=16)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--llama-batched-bench", metavar="PATH",
+                    help="also run llama.cpp's llama-batched-bench (benchmarks/build_llama_tools.sh) on "
+                         "the same model: 1 and --parallel sequences, same prompt and token counts")
     ap.add_argument("--kv", choices=("unified", "split", "both"), default="both",
                     help="KV cache of the batched run: one pool, a stream per sequence (what "
                          "infer batch uses), or one run of each (default)")
@@ -69,6 +72,32 @@ def main() -> None:
         kind = "one KV pool" if unified else "KV per sequence"
         print(f"parallel {args.parallel:<3} ({kind:<15})     {b:8.1f} tokens/s  "
               f"({batched} tokens in {t_batched:.1f} s)   ratio {b / a:.2f}  (target >= 2.5)")
+    if args.llama_batched_bench:
+        n_prompt = round(sum(len(p) for p in prompts) / len(prompts))
+        reference(args, n_prompt)
+
+
+def reference(args: argparse.Namespace, n_prompt: int) -> None:
+    """llama.cpp's own batched decoding on the same file: its 1-sequence and N-sequence
+    throughput (prompt + generation, its S t/s column) and their ratio."""
+    import re
+    import subprocess
+
+    n_ctx = (args.parallel + 1) * (n_prompt + args.tokens + 16)
+    cmd = [args.llama_batched_bench, "-m", args.model, "-c", str(n_ctx),
+           "-b", "2048", "-ub", "512", "-npp", str(n_prompt), "-ntg", str(args.tokens),
+           "-npl", f"1,{args.parallel}", "-t", str(args.threads), "-fa", "off"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and re.fullmatch(r"\d+", cells[2]):
+            rows[int(cells[2])] = (float(cells[7]), float(cells[9]))  # S_TG, S (all tokens)
+    one, many = rows[1], rows[args.parallel]
+    print(f"llama-batched-bench (prompt {n_prompt}, {args.tokens} generated, KV per sequence): "
+          f"1 sequence {one[1]:.1f} t/s (generation {one[0]:.1f}), {args.parallel} sequences "
+          f"{many[1]:.1f} t/s (generation {many[0]:.1f}); ratio {many[1] / one[1]:.2f} "
+          f"(generation only {many[0] / one[0]:.2f})")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Build the benchmark model: a random-weight llama with the real Llama 3 vocabulary, Q8_0.
+"""Build the benchmark model: a random-weight llama with the real Llama 3 vocabulary, Q8_0
+(or --type).
 
     python benchmarks/make_model.py OUT.gguf [--embd 768 --layers 12 --heads 12 --ff 2048]
 
@@ -40,12 +41,13 @@ def main() -> None:
     ap.add_argument("--ff", type=int, default=2048)
     ap.add_argument("--vocab", default="llama-bpe", help="a vocabulary of the fixtures: llama-bpe (128k), "
                     "llama-spm (32k)...")
+    ap.add_argument("--type", default="Q8_0", help="quantization type (Q8_0, Q4_K_M, Q4_0...)")
     args = ap.parse_args()
     f16 = args.out.with_name(args.out.stem + "-f16.gguf")
     build_llama_gguf(f16, vocab=args.vocab, n_embd=args.embd, n_layer=args.layers,
                      n_head=args.heads, n_head_kv=args.kv_heads or args.heads // 3 or 1, n_ff=args.ff,
                      n_ctx_train=4096, f16=True)
-    quantize(f16, args.out, "Q8_0")
+    quantize(f16, args.out, args.type)
     f16.unlink()
     print(args.out)
 

@@ -28,7 +28,7 @@ class ContextParams:
     n_seq_max: int = 1
     # One pool of cells for all sequences (True), or a stream of n_ctx / n_seq_max cells
     # per sequence (False: each token attends to its own sequence's cells only, which
-    # made batched decoding 30% faster in benchmarks/batch.py).
+    # made batched decoding 20% faster in benchmarks/batch.py).
     kv_unified: bool = False
     n_threads: int | None = None
     n_threads_batch: int | None = None
