@@ -20,6 +20,7 @@ from typing import Any
 
 from infer.runtime.errors import ResourceError, UsageError
 from infer.runtime.memory_plan import (
+    CTX_STEP,
     DEVICE_MARGIN,
     HOST_MARGIN,
     ContextShape,
@@ -242,7 +243,9 @@ def explain(placed: Placed, reference: str) -> None:
     console.print(f"offload: -ngl {plan.n_gpu_layers} of {layout.n_layer + 1} layers"
                   + (f", tensor split {','.join(f'{w:g}' for w in plan.tensor_split)}"
                      if plan.tensor_split else ""))
-    console.print(f"largest context that fits: {plan.max_ctx} tokens "
+    searched = max(layout.n_ctx_train, plan.n_ctx) // CTX_STEP * CTX_STEP  # no larger is tried
+    console.print(f"largest context that fits: {'at least ' if plan.max_ctx >= searched else ''}"
+                  f"{plan.max_ctx} tokens "
                   f"(\"free\" leaves {_gib(HOST_MARGIN)} on the CPU and {_gib(DEVICE_MARGIN)} "
                   "on each device; compute buffers are estimates)")
     if placed.shrunk_from:
