@@ -86,7 +86,8 @@ def reference(args: argparse.Namespace, n_prompt: int) -> None:
     n_ctx = (args.parallel + 1) * (n_prompt + args.tokens + 16)
     cmd = [args.llama_batched_bench, "-m", args.model, "-c", str(n_ctx),
            "-b", "2048", "-ub", "512", "-npp", str(n_prompt), "-ntg", str(args.tokens),
-           "-npl", f"1,{args.parallel}", "-t", str(args.threads), "-fa", "off"]
+           "-npl", f"1,{args.parallel}", "-t", str(args.threads), "-fa", "off",
+           "-no-kvu"]  # a KV stream per sequence, as infer batch (its default depends on -np)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = {}
     for line in out.splitlines():

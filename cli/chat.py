@@ -205,7 +205,7 @@ class ChatState:
         import hashlib
         import json
 
-        from infer.quant.atomic import write_atomic
+        from infer.runtime.atomic import write_atomic
 
         folder = _session_folder(name)
         tokens, kv = self.conversation.session.save_state()

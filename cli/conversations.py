@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infer.quant.atomic import write_atomic
 from infer.quant.paths import infer_home
+from infer.runtime.atomic import write_atomic
 from infer.runtime.errors import UsageError
 
 KEEP = 200

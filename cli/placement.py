@@ -63,9 +63,9 @@ def model_layout(path: Path) -> ModelLayout:
     Reading it walks the whole header (about 0.1 s for a 128k vocabulary), so it is
     kept in INFER_HOME/layouts.json for the next run of the same file.
     """
-    from infer.quant.atomic import write_atomic
     from infer.quant.gguf_check import check_gguf
     from infer.quant.paths import infer_home
+    from infer.runtime.atomic import write_atomic
 
     key = str(Path(path).resolve())
     if key in _LAYOUTS:

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer.quant.atomic import write_atomic
 from infer.quant.catalog import REPO_ID, CatalogEntry, load_catalog
 from infer.quant.gguf_check import check_gguf
 from infer.quant.paths import infer_home
 from infer.quant.quants import SPLIT_PART
+from infer.runtime.atomic import write_atomic
 from infer.runtime.errors import ModelError, ModelNotFoundError, UsageError
 
 _HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infer.quant.atomic import write_atomic
 from infer.quant.catalog import load_catalog
 from infer.quant.paths import infer_home
 from infer.quant.quants import group_by_quant
+from infer.runtime.atomic import write_atomic
 from infer.runtime.errors import ModelNotFoundError
 
 _USAGE_NAME = "last-used.json"

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infer.runtime.atomic import write_atomic
 from infer.runtime.session import common_prefix_len
 
 MAGIC = b"INFERKV1"
@@ -125,7 +125,7 @@ class PromptCache:
         header = json.dumps({"version": 1, **about, "size": len(state),
                              "sha256": hashlib.sha256(state).hexdigest(), "created": time.time()})
         try:
-            _write_atomic(path, [MAGIC, _HEADER_LEN.pack(len(header)), header.encode(), state])
+            write_atomic(path, [MAGIC, _HEADER_LEN.pack(len(header)), header.encode(), state])
             self.evict()
         except OSError as e:
             logging.getLogger("infer").warning("prompt cache: cannot write %s (%s)", path, e)
@@ -209,21 +209,6 @@ def _read_state(path: Path, header: dict[str, Any]) -> bytes | None:
         _remove(path)
         return None
     return state
-
-
-def _write_atomic(path: Path, parts: Sequence[bytes]) -> None:
-    """Write `parts` to a temporary file beside `path`, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for part in parts:
-                f.write(part)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _touch(path: Path) -> None:
