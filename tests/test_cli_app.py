@@ -1,0 +1,44 @@
+"""The `infer` command table: every command is listed and reachable, and a run builds
+only the command it names."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import assert_one_line_error, run_cli
+
+from infer.cli.main import COMMANDS
+
+
+def test_help_lists_every_command_in_order():
+    r = run_cli("--help")
+    assert r.returncode == 0, r.stderr
+    listed = re.findall(r"^│ (\w+)\s", r.stdout, flags=re.M)
+    assert listed == list(COMMANDS)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_command_answers_help(command):
+    r = run_cli(command, "--help")
+    assert r.returncode == 0, r.stderr
+    assert f"Usage: infer {command}" in r.stdout
+
+
+def test_a_mistyped_command_is_one_usage_error_with_one_suggestion():
+    r = run_cli("runn", "model", "hi")
+    assert_one_line_error(r, 2, "No such command 'runn'")
+    assert r.stderr.count("Did you mean 'run'?") == 1
+
+
+def test_a_run_imports_only_its_own_command():
+    # Importing and building every command costs each one-shot run about 0.1 s.
+    probe = ("import sys; sys.argv = ['infer', 'list']\n"
+             "from infer.cli.main import main\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m in ('infer.cli.chat', 'infer.cli.batch',"
+             " 'infer.cli.bench', 'infer.cli.quantize', 'infer.cli.worker', 'infer.cli.models')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "['infer.cli.models']", out.stderr
