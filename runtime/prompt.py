@@ -50,18 +50,19 @@ def chat_prompt(model: Model, messages: Sequence[Message], *, template: str | No
                        add_generation_prompt=add_generation_prompt)
     if not specials:
         return Prompt(text, _drop_double_bos(model, model.tokenize(
-            text, add_special=True, parse_special=True)))
+            text, add_special=_adds_bos(model, text), parse_special=True)))
     tokens: list[int] = []
     plain_parts: list[str] = []
     pos = 0
     for m in _PLACEHOLDER.finditer(text):
-        tokens += model.tokenize(text[pos:m.start()], add_special=not tokens and pos == 0,
-                                 parse_special=True)
+        tokens += model.tokenize(text[pos:m.start()], parse_special=True,
+                                 add_special=not tokens and pos == 0 and _adds_bos(model, text))
         literal = literals[int(m.group(1))]
         tokens += model.tokenize(literal, add_special=False, parse_special=False)
         plain_parts.append(text[pos:m.start()] + literal)
         pos = m.end()
-    tokens += model.tokenize(text[pos:], add_special=not tokens, parse_special=True)
+    tokens += model.tokenize(text[pos:], add_special=not tokens and _adds_bos(model, text),
+                             parse_special=True)
     plain_parts.append(text[pos:])
     return Prompt("".join(plain_parts), _drop_double_bos(model, tokens))
 
@@ -117,6 +118,12 @@ def _with_placeholders(messages: Sequence[Message],
             m["content"] = pattern.sub(swap, m["content"])
         out.append(m)
     return out, literals
+
+
+def _adds_bos(model: Model, text: str) -> bool:
+    """Whether llama.cpp should add its special tokens to the rendered `text`: not when
+    the template wrote BOS itself (llama.cpp would add a second and log a warning)."""
+    return not (model.bos >= 0 and text.startswith(model.special_token_text(model.bos) or "\0"))
 
 
 def _drop_double_bos(model: Model, tokens: list[int]) -> list[int]:

@@ -77,3 +77,25 @@ def test_compiled_templates_are_cached_across_runs(tiny_qwen, infer_home):
     second = run_cli("run", tiny_qwen, "Hi", "--show-prompt")
     assert second.stdout == first.stdout
     assert list((infer_home / "cache" / "templates").iterdir()) == cached
+
+
+def test_a_template_that_writes_bos_gives_one_bos_and_no_warning(models_dir):
+    # Mistral-style templates begin with {{ bos_token }}; llama.cpp would add a second BOS
+    # and say so on stderr (seen with -v).
+    from conftest import run_cli
+    from tiny_model import build_llama_gguf
+
+    from infer.runtime.llama import Model
+    from infer.runtime.prompt import chat_prompt
+
+    path = build_llama_gguf(models_dir / "tiny-spm-bos-template.gguf", vocab="llama-spm",
+                            chat_template="{{ bos_token }}{% for m in messages %}[INST]{{ m.content }}"
+                                          "[/INST]{% endfor %}")
+    with Model(path) as model:
+        tokens = chat_prompt(model, [{"role": "user", "content": "Hello"}]).tokens
+        assert tokens[0] == model.bos and tokens[1] != model.bos
+        assert tokens[1:] == model.tokenize("[INST]Hello[/INST]", add_special=False,
+                                            parse_special=True)
+    r = run_cli("run", path, "Hello", "-n", "2", "-v")
+    assert r.returncode == 0, r.stderr
+    assert "BOS token" not in r.stderr.replace("print_info: BOS token", "")
