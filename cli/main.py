@@ -15,7 +15,8 @@ from infer.cli.errors import guarded
 # Each command: its module, the function (or Typer sub-app) in it, and whether it shows
 # its help when given no arguments. In this order in `infer --help`. A run imports and
 # builds only the command it names: building every command's options through Typer's
-# introspection, and importing every command's module, took 0.1 s of each `infer run`.
+# introspection, and importing every command's module, cost each `infer run` about 40 ms
+# (0.434 -> 0.396 s for `infer run MODEL Hello -n 1`, medians of 15 alternated runs).
 COMMANDS: dict[str, tuple[str, str, bool]] = {
     "run": ("infer.cli.run", "run", True),
     "chat": ("infer.cli.chat", "chat", True),
