@@ -50,6 +50,7 @@ HELP = """commands:
     ("plain", Annotated[bool, typer.Option(
         "--plain", help="Print replies as they come, without rendering Markdown.",
         rich_help_panel=o.OUTPUT)], False),
+    o.NO_CACHE,
 )
 def chat(ctx: typer.Context, **flags: Any) -> None:
     """Chat with a model; each turn prefills only the new message."""
@@ -116,11 +117,14 @@ class ChatState:
 
     def __init__(self, loaded: _Loaded, flags: Mapping[str, Any], overrides: dict[str, Any], *,
                  system: str | None) -> None:
+        from infer.cli.prompt_cache import open_cache
         from infer.runtime.conversation import Conversation
         from infer.runtime.sampling import SamplingParams
 
+        self.cache = None if flags["no_cache"] else open_cache()
         self.conversation = Conversation(loaded.session, system=system,
-                                         context_policy=flags["context_policy"])
+                                         context_policy=flags["context_policy"],
+                                         prompt_cache=self.cache, cache_name=loaded.reference)
         self.loaded = loaded
         self.flags = flags
         self.overrides = overrides  # what the user set (flags, /set, /load): kept across /model
@@ -132,6 +136,8 @@ class ChatState:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.cache is not None:
+            self.cache.flush()  # a system prompt's state still being written
         self.loaded.session.close()
 
     @property
@@ -257,7 +263,8 @@ class ChatState:
             self.loaded = _Loaded.open(self.flags, old.reference)
             self.conversation.session = self.loaded.session
             raise
-        conversation = Conversation(loaded.session, context_policy=self.conversation.context_policy)
+        conversation = Conversation(loaded.session, context_policy=self.conversation.context_policy,
+                                    prompt_cache=self.cache, cache_name=loaded.reference)
         conversation.messages = self.conversation.messages
         self.conversation, self.loaded, self.flags = conversation, loaded, flags
         self._set_params(self.overrides)

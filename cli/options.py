@@ -110,6 +110,9 @@ Rpc = Annotated[str | None, typer.Option(
     "--rpc", metavar="HOST:PORT,...",
     help="Add the devices of these 'infer worker' processes and split the model across them.",
     rich_help_panel=CONTEXT, show_default=False)]
+# run and chat: the KV states of long prompts kept in INFER_HOME/cache/prompts.
+NO_CACHE = ("no_cache", Annotated[bool, typer.Option(
+    "--no-cache", help="Do not use or fill the prompt cache on disk (infer cache list).")], False)
 Explain = Annotated[bool, typer.Option(
     "--explain", help="Print where the model would go in memory (the plan) and exit.",
     rich_help_panel=CONTEXT)]

@@ -36,8 +36,7 @@ from infer.runtime.errors import UsageError
      False),
     ("conversation_id", Annotated[str | None, typer.Option(
         "--conversation", help="Continue this conversation (its id is shown by -v and --json).")], None),
-    ("no_cache", Annotated[bool, typer.Option(
-        "--no-cache", help="Do not use or fill the prompt cache on disk for this run.")], False),
+    o.NO_CACHE,
     ("json_output", Annotated[bool, typer.Option(
         "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)],
      False),

@@ -5,18 +5,27 @@ prefix of that and its KV cache, so turn N prefills the new message and the
 template's markup, not the history. When the next turn would not fit the context,
 the oldest exchanges are dropped (never the system prompt), or, with the ``error``
 policy, the turn fails with ContextOverflowError.
+
+With a prompt cache, a turn that starts from an empty (or unrelated) KV cache first
+loads the saved state sharing the longest prefix with its prompt, and a long system
+prompt prefilled for the first time is saved, so that the next chat with the same
+system prompt starts without prefilling it again.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infer.runtime.errors import ContextOverflowError, UsageError
+from infer.runtime.errors import ContextOverflowError, InferError, UsageError
 from infer.runtime.prompt import chat_prompt
 from infer.runtime.sampling import SamplingParams
-from infer.runtime.session import Completion, Piece, Session
+from infer.runtime.session import Completion, Piece, Session, common_prefix_len
+
+if TYPE_CHECKING:
+    from infer.runtime.prompt_cache import PromptCache
 
 CONTEXT_POLICIES = ("drop-oldest", "error")
 # Room kept for the reply when no token limit is set.
@@ -34,12 +43,15 @@ class Conversation:
     """Messages (system prompt first), the session that runs them, and the context policy."""
 
     def __init__(self, session: Session, *, system: str | None = None, template: str | None = None,
-                 context_policy: str = "drop-oldest") -> None:
+                 context_policy: str = "drop-oldest", prompt_cache: PromptCache | None = None,
+                 cache_name: str = "") -> None:
         if context_policy not in CONTEXT_POLICIES:
             raise UsageError(f"context policy must be one of {', '.join(CONTEXT_POLICIES)}")
         self.session = session
         self.template = template
         self.context_policy = context_policy
+        self.prompt_cache = prompt_cache
+        self.cache_name = cache_name  # the model's name in `infer cache list`
         self.messages: list[dict[str, Any]] = []
         self.set_system(system)
 
@@ -98,7 +110,7 @@ class Conversation:
         said: list[str] = []
         completed = False
         try:
-            for event in self.session.generate(tokens, params):
+            for event in self.session.generate(tokens, params, **self._through_cache(tokens)):
                 if isinstance(event, Piece):
                     said.append(event.text)
                 elif isinstance(event, Completion):
@@ -127,6 +139,34 @@ class Conversation:
                        if self.messages[i]["role"] == "user")
             del self.messages[first:end]
             dropped += 1
+
+    def _through_cache(self, tokens: list[int]) -> dict[str, Any]:
+        """Options for Session.generate with the prompt cache: load the best saved state if
+        the session holds too little of `tokens`, and save one at the end of the system
+        prompt when this turn prefills it."""
+        cache = self.prompt_cache
+        if cache is None:
+            return {}
+        if common_prefix_len(self.session.tokens, tokens) >= cache.min_tokens:
+            return {}  # a later turn: the session holds the conversation so far
+        started = time.perf_counter()  # loading a state counts towards time to first token
+        held = cache.restore(self.session, tokens)
+        system = self._system_len(tokens)
+        if system < cache.min_tokens or held >= system:
+            return {"started": started}
+        return {"started": started, "checkpoints": (system,),
+                "on_checkpoint": lambda _n: cache.store(self.session, self.cache_name, wait=False)}
+
+    def _system_len(self, tokens: list[int]) -> int:
+        """How many of `tokens` the system prompt (with the template's opening) accounts for."""
+        if self.system is None:
+            return 0
+        try:
+            alone = chat_prompt(self.session.model, self.messages[:1], template=self.template,
+                                add_generation_prompt=False)
+        except InferError:  # a template that cannot render a system message on its own
+            return 0
+        return common_prefix_len(alone.tokens, tokens)
 
     def _last_user_index(self) -> int | None:
         for i in range(len(self.messages) - 1, -1, -1):

@@ -88,3 +88,31 @@ def test_set_ctx_reopens_the_context_and_keeps_the_conversation(tiny_qwen):
     assert r.stdout.strip().splitlines()[-1].endswith("of 1024 tokens in context" + f" ({used / 1024:.0%})")
     assert used > 10  # the first exchange is still there
     assert "ctx needs a whole number" in r.stderr
+
+
+LONG_SYSTEM = "You answer questions about rivers. " * 60  # over the prompt cache's 256 tokens
+
+
+def _first_turn(stats: str) -> tuple[int, int]:
+    """(prompt tokens, cached tokens) from /stats."""
+    import re
+
+    m = re.search(r"last turn: (\d+) prompt tokens \((\d+) cached", stats)
+    assert m, stats
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_a_long_system_prompt_is_prefilled_once_across_chats(tiny_qwen, infer_home):
+    first = chat(tiny_qwen, "Hello\n/stats\n", "-s", LONG_SYSTEM)
+    assert first.returncode == 0, first.stderr
+    prompt, cached = _first_turn(first.stdout)
+    assert prompt > 300 and cached == 0
+    assert list((infer_home / "cache" / "prompts").rglob("*.kv"))  # the system prompt's state
+    # Another chat with the same system prompt and another question: only the rest is prefilled.
+    second = chat(tiny_qwen, "What is a delta?\n/stats\n", "-s", LONG_SYSTEM)
+    assert second.returncode == 0, second.stderr
+    prompt2, cached2 = _first_turn(second.stdout)
+    assert 256 <= cached2 < prompt2 and prompt2 - cached2 < 30
+    # The reply is what a chat without the cache gives.
+    plain = chat(tiny_qwen, "What is a delta?\n", "-s", LONG_SYSTEM, "--no-cache")
+    assert second.stdout.splitlines()[0] == plain.stdout.splitlines()[0]
