@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infer.runtime.errors import ContextOverflowError, InferError, UsageError
-from infer.runtime.prompt import chat_prompt
+from infer.runtime.errors import ContextOverflowError, UsageError
+from infer.runtime.prompt import chat_prompt, preamble_len
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Completion, Piece, Session, common_prefix_len
 
@@ -142,8 +142,8 @@ class Conversation:
 
     def _through_cache(self, tokens: list[int]) -> dict[str, Any]:
         """Options for Session.generate with the prompt cache: load the best saved state if
-        the session holds too little of `tokens`, and save one at the end of the system
-        prompt when this turn prefills it."""
+        the session holds too little of `tokens`, and save one where the last message
+        begins (after the system prompt) when this turn prefills that far."""
         cache = self.prompt_cache
         if cache is None:
             return {}
@@ -151,22 +151,11 @@ class Conversation:
             return {}  # a later turn: the session holds the conversation so far
         started = time.perf_counter()  # loading a state counts towards time to first token
         held = cache.restore(self.session, tokens)
-        system = self._system_len(tokens)
-        if system < cache.min_tokens or held >= system:
+        preamble = preamble_len(self.session.model, self.messages, tokens, template=self.template)
+        if preamble < cache.min_tokens or held >= preamble:
             return {"started": started}
-        return {"started": started, "checkpoints": (system,),
+        return {"started": started, "checkpoints": (preamble,),
                 "on_checkpoint": lambda _n: cache.store(self.session, self.cache_name, wait=False)}
-
-    def _system_len(self, tokens: list[int]) -> int:
-        """How many of `tokens` the system prompt (with the template's opening) accounts for."""
-        if self.system is None:
-            return 0
-        try:
-            alone = chat_prompt(self.session.model, self.messages[:1], template=self.template,
-                                add_generation_prompt=False)
-        except InferError:  # a template that cannot render a system message on its own
-            return 0
-        return common_prefix_len(alone.tokens, tokens)
 
     def _last_user_index(self) -> int | None:
         for i in range(len(self.messages) - 1, -1, -1):

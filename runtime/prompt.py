@@ -133,22 +133,25 @@ def _drop_double_bos(model: Model, tokens: list[int]) -> list[int]:
     return tokens
 
 
-def preamble_len(model: Model, messages: Sequence[Message], prompt: Prompt, *,
+def preamble_len(model: Model, messages: Sequence[Message], tokens: Sequence[int], *,
                  template: str | None = None) -> int:
-    """How many of `prompt`'s tokens come before its last user message.
+    """How many of `tokens` (the prompt of `messages`) come before its last message's text.
 
-    That part (the system prompt, few-shot examples, earlier turns) comes back
-    unchanged with the next question: the prompt cache saves a state there. 0 when
-    the last message is the only one, or when the template cannot render the
-    messages before it on their own.
+    That part (the system prompt, few-shot examples, earlier turns, the template's
+    markup) comes back unchanged with the next question: the prompt cache saves a
+    state there. Found by rendering the messages with two different last messages
+    and keeping what the two share, so that it also holds for templates that write
+    the system prompt inside the user's turn (Mistral's). 0 when the template cannot
+    render them.
     """
     from infer.runtime.errors import InferError
     from infer.runtime.session import common_prefix_len
 
-    if len(messages) < 2:
+    if not messages:
         return 0
     try:
-        before = chat_prompt(model, messages[:-1], template=template, add_generation_prompt=False)
+        a, b = (chat_prompt(model, [*messages[:-1], {**messages[-1], "content": text}],
+                            template=template).tokens for text in ("A", "B"))
     except InferError:
         return 0
-    return common_prefix_len(before.tokens, prompt.tokens)
+    return min(common_prefix_len(a, b), common_prefix_len(a, tokens))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import run_cli
 
 
@@ -102,17 +103,28 @@ def _first_turn(stats: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def test_a_long_system_prompt_is_prefilled_once_across_chats(tiny_qwen, infer_home):
-    first = chat(tiny_qwen, "Hello\n/stats\n", "-s", LONG_SYSTEM)
+@pytest.fixture(scope="module")
+def tiny_mistral(models_dir):
+    """Mistral Nemo's real template: it writes the system prompt inside the last user turn."""
+    from tiny_model import build_llama_gguf, fixtures_dir
+
+    template = (fixtures_dir() / "chat-templates" / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text()
+    return build_llama_gguf(models_dir / "tiny-mistral.gguf", vocab="llama-spm", chat_template=template)
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen", "tiny_mistral"])
+def test_a_long_system_prompt_is_prefilled_once_across_chats(model, request, infer_home):
+    path = request.getfixturevalue(model)
+    first = chat(path, "Hello\n/stats\n", "-s", LONG_SYSTEM)
     assert first.returncode == 0, first.stderr
     prompt, cached = _first_turn(first.stdout)
     assert prompt > 300 and cached == 0
     assert list((infer_home / "cache" / "prompts").rglob("*.kv"))  # the system prompt's state
     # Another chat with the same system prompt and another question: only the rest is prefilled.
-    second = chat(tiny_qwen, "What is a delta?\n/stats\n", "-s", LONG_SYSTEM)
+    second = chat(path, "What is a delta?\n/stats\n", "-s", LONG_SYSTEM)
     assert second.returncode == 0, second.stderr
     prompt2, cached2 = _first_turn(second.stdout)
     assert 256 <= cached2 < prompt2 and prompt2 - cached2 < 30
     # The reply is what a chat without the cache gives.
-    plain = chat(tiny_qwen, "What is a delta?\n", "-s", LONG_SYSTEM, "--no-cache")
+    plain = chat(path, "What is a delta?\n", "-s", LONG_SYSTEM, "--no-cache")
     assert second.stdout.splitlines()[0] == plain.stdout.splitlines()[0]
