@@ -153,3 +153,14 @@ def test_continue_with_nothing_to_continue_is_a_usage_error(tiny_qwen):
     assert_one_line_error(run_cli("run", "-C", "Hello"), 2, "no conversation to continue")
     assert_one_line_error(run_cli("run", tiny_qwen, "--conversation", "nope", "Hello"), 2,
                           "not a conversation id")
+
+
+def test_a_cache_that_cannot_be_written_does_not_fail_the_run(tiny_qwen, infer_home):
+    (infer_home / "cache").mkdir(parents=True, exist_ok=True)
+    (infer_home / "cache" / "prompts").write_text("not a folder")  # every write fails
+    first = ask(tiny_qwen, "Can I return shoes?")
+    second = ask(tiny_qwen, "Can I return shoes?")
+    assert first["text"] == second["text"] and second["usage"]["cached_tokens"] == 0
+    r = run_cli("chat", tiny_qwen, "-n", "3", "--temp", "0", "-s", POLICY, input="Hello\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
