@@ -146,7 +146,7 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
     # A continued conversation's own state is worth loading however short it is.
     cache.restore(session, tokens, min_tokens=1 if continuing else None)
     completion = _generate(session, tokens, params, stream=stream, started=requested,
-                           checkpoints=(preamble,),
+                           checkpoints=(preamble,) if preamble >= cache.min_tokens else (),
                            on_checkpoint=lambda n: cache.store(session, name, wait=False))
     # The end of the conversation: for --continue, and for the same prompt again.
     cache.store(session, name, min_tokens=1, wait=False)
