@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -274,6 +273,8 @@ def guard_workers(endpoints: Sequence[str], connect_timeout: float = 5.0) -> Non
     worker, the second is caught by probing the workers while a decode runs (and by
     a hard limit on one decode call, INFER_RPC_TIMEOUT, default 600 s).
     """
+    import socket  # only with --rpc: not imported on every run
+
     from infer.cli.errors import EXIT_INTERNAL, EXIT_NETWORK, print_error
     from infer.runtime.ggml import on_native_abort, parse_endpoint
     from infer.runtime.llama import set_decode_watchdog

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import socket
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -161,6 +160,8 @@ def check_reachable(endpoint: str, timeout: float = 5.0) -> None:
     ggml's RPC client aborts the whole process when it cannot connect, so every
     worker is tried here first.
     """
+    import socket  # only with --rpc: not imported on every run
+
     host, port = parse_endpoint(endpoint)
     try:
         with socket.create_connection((host, port), timeout=timeout):
