@@ -69,13 +69,28 @@ _placement: dict[int, str] | None = None
 _PLACED = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
 
 
+_partial = ""  # a line llama.cpp has not finished (it logs a load's progress dot by dot)
+
+
 @C.llama_log_callback
 def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    global _last_level
+    global _last_level, _partial
     # GGML_LOG_LEVEL_CONT (5) continues the previous line at its level.
-    py_level = _last_level if level == 5 else _LOG_LEVELS.get(level, logging.INFO)
-    _last_level = py_level
-    line = text.decode("utf-8", "replace").rstrip("\n")
+    if level != 5:
+        if _partial:
+            _log_line(_last_level, _partial)
+            _partial = ""
+        _last_level = _LOG_LEVELS.get(level, logging.INFO)
+    lines = (_partial + text.decode("utf-8", "replace")).split("\n")
+    _partial = lines.pop()  # "" when the text ended its line
+    if _partial and _last_level >= logging.ERROR:  # an error is never held back
+        lines.append(_partial)
+        _partial = ""
+    for line in lines:
+        _log_line(_last_level, line)
+
+
+def _log_line(py_level: int, line: str) -> None:
     if _placement is not None and "assigned to device" in line:
         m = _PLACED.search(line)
         if m:

@@ -81,6 +81,10 @@ def test_verbose_reports_statistics_on_stderr(tiny_qwen):
     assert r.returncode == 0
     assert "completion: 4 tokens" in r.stderr
     assert "tokens/s" in r.stderr
+    # llama.cpp's log, whole lines: the load's progress dots come on one line, not one per line
+    lines = r.stderr.splitlines()
+    assert "llama_context: constructing llama_context" in lines
+    assert "." not in lines and any(set(line) == {"."} and len(line) > 1 for line in lines)
 
 
 # --- stdin rules (the rendered prompt shows what the model would see) --------
