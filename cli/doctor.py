@@ -242,6 +242,10 @@ def render(info: Mapping[str, Any]) -> None:
 
 
 def execute(flags: Mapping[str, Any]) -> None:
+    from infer.runtime.errors import UsageError
+
+    if not flags["hub_timeout"] > 0:
+        raise UsageError(f"--hub-timeout must be more than 0 seconds, got {flags['hub_timeout']:g}")
     info = gather(flags["hub_timeout"])
     if flags["json_output"]:
         sys.stdout.write(json.dumps(info) + "\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from importlib.metadata import version
 
-from conftest import run_cli
+from conftest import assert_one_line_error, run_cli
 from hub_server import HubServer
 
 from infer.cli.doctor import problems, rebuild_hint
@@ -66,3 +66,7 @@ def test_problems_say_how_to_rebuild():
     assert "AVX512" in text
     assert "1.0 GiB free" in text
     assert rebuild_hint(gpu="METAL").startswith('CMAKE_ARGS="-DGGML_METAL=ON -DGGML_RPC=ON" pip install')
+
+
+def test_a_bad_hub_timeout_is_a_usage_error():
+    assert_one_line_error(run_cli("doctor", "--hub-timeout", "-1"), 2, "--hub-timeout")
