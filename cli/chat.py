@@ -118,19 +118,23 @@ class ChatState:
     def __init__(self, loaded: _Loaded, flags: Mapping[str, Any], overrides: dict[str, Any], *,
                  system: str | None) -> None:
         from infer.cli.prompt_cache import open_cache
-        from infer.runtime.conversation import Conversation
         from infer.runtime.sampling import SamplingParams
 
         self.cache = None if flags["no_cache"] else open_cache()
-        self.conversation = Conversation(loaded.session, system=system,
-                                         context_policy=flags["context_policy"],
-                                         prompt_cache=self.cache, cache_name=loaded.reference)
-        self.loaded = loaded
         self.flags = flags
+        self.conversation = self._conversation(loaded, system)
+        self.loaded = loaded
         self.overrides = overrides  # what the user set (flags, /set, /load): kept across /model
         self.params = SamplingParams.resolve(loaded.defaults, overrides)
         self.reply = partial(reply_writer, flags["plain"])
         self.last: Any = None
+
+    def _conversation(self, loaded: _Loaded, system: str | None = None) -> Any:
+        """A new conversation on `loaded`'s session, with the chat's policy and prompt cache."""
+        from infer.runtime.conversation import Conversation
+
+        return Conversation(loaded.session, system=system, context_policy=self.flags["context_policy"],
+                            prompt_cache=self.cache, cache_name=loaded.reference)
 
     def __enter__(self) -> ChatState:
         return self
@@ -250,8 +254,6 @@ class ChatState:
         The old model is closed before the new one loads, so that both are never in
         memory at once; if the new one fails to load, the old one is opened again.
         """
-        from infer.runtime.conversation import Conversation
-
         flags = {**self.flags, **flag_changes}
         o.context_params(flags)  # bad values and unknown models fail before anything is closed
         resolved = o.resolve({**flags, "model": model})
@@ -263,8 +265,7 @@ class ChatState:
             self.loaded = _Loaded.open(self.flags, old.reference)
             self.conversation.session = self.loaded.session
             raise
-        conversation = Conversation(loaded.session, context_policy=self.conversation.context_policy,
-                                    prompt_cache=self.cache, cache_name=loaded.reference)
+        conversation = self._conversation(loaded)
         conversation.messages = self.conversation.messages
         self.conversation, self.loaded, self.flags = conversation, loaded, flags
         self._set_params(self.overrides)

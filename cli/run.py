@@ -106,7 +106,8 @@ def execute(flags: Mapping[str, Any]) -> None:
                 record.messages.insert(0, {"role": "system", "content": system})
             record.messages.append({"role": "user", "content": text})
             prompt = chat_prompt(session.model, record.messages, template=template)
-            preamble = preamble_len(session.model, record.messages, prompt.tokens, template=template)
+            if cache is not None:  # where the prompt cache saves a state: two more renderings
+                preamble = preamble_len(session.model, record.messages, prompt.tokens, template=template)
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return

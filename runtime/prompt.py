@@ -54,15 +54,15 @@ def chat_prompt(model: Model, messages: Sequence[Message], *, template: str | No
     tokens: list[int] = []
     plain_parts: list[str] = []
     pos = 0
+    add_special = _adds_bos(model, text)
     for m in _PLACEHOLDER.finditer(text):
         tokens += model.tokenize(text[pos:m.start()], parse_special=True,
-                                 add_special=not tokens and pos == 0 and _adds_bos(model, text))
+                                 add_special=not tokens and pos == 0 and add_special)
         literal = literals[int(m.group(1))]
         tokens += model.tokenize(literal, add_special=False, parse_special=False)
         plain_parts.append(text[pos:m.start()] + literal)
         pos = m.end()
-    tokens += model.tokenize(text[pos:], add_special=not tokens and _adds_bos(model, text),
-                             parse_special=True)
+    tokens += model.tokenize(text[pos:], add_special=not tokens and add_special, parse_special=True)
     plain_parts.append(text[pos:])
     return Prompt("".join(plain_parts), _drop_double_bos(model, tokens))
 
