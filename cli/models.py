@@ -12,7 +12,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
-from infer.runtime.errors import UsageError
+from infer.runtime.errors import ModelNotFoundError, UsageError
 
 ModelArg = Annotated[str, typer.Argument(
     help="An alias from models.toml, a Hub repo owner/repo[:QUANT], or a .gguf file.",
@@ -33,18 +33,18 @@ def _pull(flags: Mapping[str, Any]) -> None:
 
 
 def list_models(ctx: typer.Context, json_output: JsonFlag = False) -> None:
-    """List the models in the Hugging Face cache."""
+    """List the models in the Hugging Face cache and those installed packages carry."""
     shielded(_list, ctx.params)
 
 
 def _list(flags: Mapping[str, Any]) -> None:
-    from infer.quant.store import cached_models
+    from infer.quant.store import cached_models, embedded_models
 
-    models = cached_models()
+    models = embedded_models() + cached_models()
     if flags["json_output"]:
-        rows = [{"alias": m.alias, "repo": m.repo, "quant": m.quant, "file": m.path.name,
+        rows = [{"alias": m.alias, "repo": None if m.package else m.repo, "quant": m.quant, "file": m.path.name,
                  "size": m.size, "path": str(m.path), "parts": len(m.files),
-                 "last_used": m.last_used} for m in models]
+                 "last_used": m.last_used, "package": m.package} for m in models]
         sys.stdout.write(json.dumps(rows) + "\n")
         return
     if not models:
@@ -59,8 +59,9 @@ def _list(flags: Mapping[str, Any]) -> None:
     for m in models:
         name = m.alias or m.repo
         parts = f" (+{len(m.files) - 1} parts)" if len(m.files) > 1 else ""
+        where = f"{m.path.parent} (package {m.package})" if m.package else str(m.path.parent)
         table.add_row(name, m.path.name + parts, m.quant, human_size(m.size), human_ago(m.last_used),
-                      str(m.path.parent))
+                      where)
     Console(soft_wrap=True).print(table)
 
 
@@ -80,12 +81,13 @@ def _show(flags: Mapping[str, Any]) -> None:
         sys.stdout.write((info.get("chat_template") or "") + "\n")
         return
     if flags["json_output"]:
-        sys.stdout.write(json.dumps({"model": resolved.reference, "path": str(resolved.path), **info})
-                         + "\n")
+        sys.stdout.write(json.dumps({"model": resolved.reference, "path": str(resolved.path),
+                                     "package": resolved.package, **info}) + "\n")
         return
     template_text = info.get("chat_template") or ""
     lines = [
         ("model", resolved.reference), ("file", str(resolved.path)),
+        *([("package", resolved.package)] if resolved.package else []),
         ("architecture", info["architecture"]), ("name", info.get("name") or ""),
         ("parameters", _count(info["parameters"])), ("quantization", ", ".join(
             f"{t} ({n})" for t, n in info["tensor_types"].items())),
@@ -113,15 +115,24 @@ def rm(ctx: typer.Context, model: ModelArg, yes: Yes = False) -> None:
 
 def _rm(flags: Mapping[str, Any]) -> None:
     from infer.quant.catalog import load_catalog
+    from infer.quant.embedded import embedded_file
     from infer.quant.registry import hub_reference_for
     from infer.quant.store import find_cached, remove
 
     reference = flags["model"]
-    hub = hub_reference_for(reference, load_catalog().get(reference))
+    entry = load_catalog().get(reference)
+    hub = hub_reference_for(reference, entry)
     if hub is None:
         raise UsageError(f"{reference}: give an alias or owner/repo[:QUANT]; "
                          "infer does not delete files outside the Hugging Face cache")
-    models = find_cached(hub.repo, hub.quant)
+    try:
+        models = find_cached(hub.repo, hub.quant)
+    except ModelNotFoundError:
+        if entry is not None and entry.embedded is not None and embedded_file(entry.embedded):
+            raise UsageError(f"{reference} is the model the package {entry.embedded.requirement} "
+                             f"carries; remove it with pip uninstall {entry.embedded.requirement}"
+                             ) from None
+        raise
     total = sum(m.size for m in models)
     names = ", ".join(f"{m.repo}:{m.quant}" for m in models)
     if not flags["yes"]:

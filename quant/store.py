@@ -30,6 +30,7 @@ class LocalModel:
     size: int  # bytes on disk, all parts
     last_used: float | None  # seconds since the epoch, when `infer` last ran it
     alias: str | None = None
+    package: str | None = None  # the installed package that carries it (embedded models)
 
     @property
     def path(self) -> Path:
@@ -83,6 +84,24 @@ def cached_models() -> list[LocalModel]:
                     alias=aliases.get((repo.repo_id, quant)),
                 ))
     return sorted(models, key=lambda m: (m.repo.lower(), m.quant))
+
+
+def embedded_models() -> list[LocalModel]:
+    """The models that installed packages carry (``embedded`` in models.toml), one per file."""
+    from infer.quant.embedded import embedded_file
+    from infer.quant.quants import quant_of
+
+    usage = _read_usage(infer_home() / _USAGE_NAME)
+    found: dict[Path, LocalModel] = {}
+    for entry in load_catalog().values():
+        path = embedded_file(entry.embedded) if entry.embedded is not None else None
+        if path is None or path in found:
+            continue
+        found[path] = LocalModel(
+            repo=entry.repo, quant=quant_of(path.name) or "?", files=(path,),
+            size=path.stat().st_size, last_used=usage.get(str(path.resolve())),
+            alias=entry.alias, package=entry.embedded.requirement)  # type: ignore[union-attr]
+    return list(found.values())
 
 
 def _relative(file_info: Any, revision: Any) -> str:

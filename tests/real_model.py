@@ -1,0 +1,71 @@
+"""Helpers for tests on the embedded real model: where two token sequences part, and why."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from infer.runtime.session import Session, common_prefix_len
+
+NEAR_TIE = 1e-3  # top-2 logits this close (relative) may swap under batch-shape rounding
+
+
+@dataclass
+class Divergence:
+    """The first position where two greedy continuations differ, and the logits there."""
+
+    index: int
+    ours: int | None  # None: this side ended there (an end-of-generation token)
+    theirs: int | None
+    top2: tuple[int, int]
+    gap: float  # |l1 - l2| / max(|l1|, |l2|) of the two highest logits
+    explained: bool  # the two choices are the two highest logits (EOG for an ended side)
+
+    @property
+    def is_near_tie(self) -> bool:
+        return self.explained and self.gap <= NEAR_TIE
+
+
+def first_divergence(session: Session, prompt: Sequence[int], ours: Sequence[int],
+                     theirs: Sequence[int]) -> Divergence | None:
+    """None if `ours` and `theirs` are the same; else where they part, with the logits `ours`
+    was drawn from there (`session` replays its greedy decoding: prefill, then token by token).
+
+    A sequence shorter than the other ended there with an end-of-generation token."""
+    i = common_prefix_len(ours, theirs)
+    if i == len(ours) == len(theirs):
+        return None
+    a = ours[i] if i < len(ours) else None
+    b = theirs[i] if i < len(theirs) else None
+    # The logits `ours` was sampled from there: the prompt prefilled, then one token at a time.
+    session.context.memory_clear()
+    session.tokens.clear()
+    session.prefill(prompt)
+    for token in ours[:i]:
+        session.decode_token(token)
+    logits = session.context.logits(-1)
+    order = np.argsort(logits)[::-1]
+    top2 = (int(order[0]), int(order[1]))
+    l1, l2 = float(logits[top2[0]]), float(logits[top2[1]])
+    gap = abs(l1 - l2) / max(abs(l1), abs(l2), 1e-9)
+    picks = [t if t is not None else next((u for u in top2 if session.model.is_eog(u)), -1)
+             for t in (a, b)]
+    return Divergence(i, a, b, top2, gap, explained=set(picks) == set(top2))
+
+
+def assert_same_or_near_tie(session: Session, prompt: Sequence[int], ours: Sequence[int],
+                            theirs: Sequence[int], what: str) -> bool:
+    """Assert the sequences agree, or part at a near-tie; True if they agreed."""
+    d = first_divergence(session, prompt, ours, theirs)
+    if d is None:
+        return True
+
+    def show(t: int | None) -> str:
+        return "end of generation" if t is None else f"{t} {session.model.token_bytes(t)!r}"
+
+    assert d.is_near_tie, (
+        f"{what}: token {d.index} differs ({show(d.ours)} vs {show(d.theirs)}); the top two "
+        f"logits there are tokens {d.top2}, {d.gap:.2e} apart (relative): not a near-tie")
+    return False
