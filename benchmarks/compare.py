@@ -1,7 +1,7 @@
 """Prefill and decode speed of infer's runtime beside its references, in one run.
 
     python benchmarks/compare.py MODEL.gguf [-p 512] [-n 128] [-r 5] [-t THREADS]
-                                 [--llama-bin DIR]
+                                 [-fa off|on|default] [--llama-bin DIR]
 
 Runs, on the same file and thread count:
 - infer's runtime (``infer.runtime.bench``: Session.prefill and Session.generate);
@@ -11,7 +11,13 @@ Runs, on the same file and thread count:
 - llama.cpp's own ``llama-bench``, when ``--llama-bin`` (or $LLAMA_BIN) names a
   folder holding it (``benchmarks/build_llama_tools.sh`` builds it).
 Each engine runs in its own child process, one after another, so they never
-compete for the cores. Prints tokens/s (mean ± stdev) and each ratio to the bare loop.
+compete for the cores. Prints tokens/s (median ± stdev) and each ratio of medians
+to the bare loop.
+
+Flash attention changes both the speed and the rounding, and the engines' defaults
+differ (llama.cpp's C API and llama-bench: auto, which is on for the CPU; infer's
+auto and llama-cpp-python's ``Llama``: off on the CPU), so ``-fa`` gives every engine
+the same setting: off (the default), on, or ``default`` (each engine its own).
 """
 
 from __future__ import annotations
@@ -30,21 +36,25 @@ _quiet_log = None
 
 
 def _stats(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    """Median (what the ratios compare: one slow run on a shared machine moves it
+    least) and standard deviation."""
+    return statistics.median(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def run_infer(model: str, n_prompt: int, n_gen: int, reps: int, threads: int) -> dict:
+def run_infer(model: str, n_prompt: int, n_gen: int, reps: int, threads: int, fa: str) -> dict:
     from infer.runtime.bench import bench_decode, bench_prefill
     from infer.runtime.params import ContextParams
     from infer.runtime.session import Session
 
-    with Session.open(model, ContextParams(n_ctx=2048, n_threads=threads)) as s:
+    cparams = ContextParams(n_ctx=2048, n_threads=threads,
+                            flash_attn="auto" if fa == "default" else fa)
+    with Session.open(model, cparams) as s:
         pp = bench_prefill(s, n_prompt, reps)
         tg = bench_decode(s, n_gen, reps)
     return {"pp": list(pp.tokens_per_second), "tg": list(tg.tokens_per_second)}
 
 
-def run_bare(model: str, n_prompt: int, n_gen: int, reps: int, threads: int) -> dict:
+def run_bare(model: str, n_prompt: int, n_gen: int, reps: int, threads: int, fa: str) -> dict:
     """The reference: the fewest binding calls that prefill and decode with native sampling."""
     import llama_cpp.llama_cpp as C  # the plain bindings, as any user of them would import
 
@@ -57,6 +67,9 @@ def run_bare(model: str, n_prompt: int, n_gen: int, reps: int, threads: int) -> 
     m = C.llama_model_load_from_file(model.encode(), mp)
     cp = C.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 2048, 2048, threads, threads
+    if fa != "default":
+        cp.flash_attn_type = (C.LLAMA_FLASH_ATTN_TYPE_ENABLED if fa == "on"
+                              else C.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     ctx = C.llama_init_from_model(m, cp)
     mem = C.llama_get_memory(ctx)
     vocab = C.llama_model_get_vocab(m)
@@ -91,10 +104,12 @@ def run_bare(model: str, n_prompt: int, n_gen: int, reps: int, threads: int) -> 
     return {"pp": pp, "tg": tg}
 
 
-def run_llama_cpp_python(model: str, n_prompt: int, n_gen: int, reps: int, threads: int) -> dict:
+def run_llama_cpp_python(model: str, n_prompt: int, n_gen: int, reps: int, threads: int,
+                         fa: str) -> dict:
     from llama_cpp import Llama
 
-    llm = Llama(model, n_ctx=2048, n_batch=2048, n_threads=threads, n_gpu_layers=0, verbose=False)
+    llm = Llama(model, n_ctx=2048, n_batch=2048, n_threads=threads, n_gpu_layers=0,
+                flash_attn=fa == "on", verbose=False)
     import random
 
     rng = random.Random(0)
@@ -119,9 +134,10 @@ def run_llama_cpp_python(model: str, n_prompt: int, n_gen: int, reps: int, threa
 
 
 def run_llama_bench(binary: Path, model: str, n_prompt: int, n_gen: int, reps: int,
-                    threads: int) -> dict:
+                    threads: int, fa: str) -> dict:
     out = subprocess.run([str(binary), "-m", model, "-p", str(n_prompt), "-n", str(n_gen),
-                          "-r", str(reps), "-t", str(threads), "-o", "json"],
+                          "-r", str(reps), "-t", str(threads), "-o", "json",
+                          "-fa", "auto" if fa == "default" else fa],
                          capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)
     result: dict[str, list[float]] = {}
@@ -133,7 +149,8 @@ def run_llama_bench(binary: Path, model: str, n_prompt: int, n_gen: int, reps: i
 
 def child(engine: str, args: argparse.Namespace) -> None:
     fn = {"infer": run_infer, "bare": run_bare, "llama-cpp-python": run_llama_cpp_python}[engine]
-    print(json.dumps(fn(args.model, args.n_prompt, args.n_gen, args.repetitions, args.threads)))
+    print(json.dumps(fn(args.model, args.n_prompt, args.n_gen, args.repetitions, args.threads,
+                        args.flash_attn)))
 
 
 def main() -> None:
@@ -145,6 +162,8 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=2,
                     help="run every engine this many times, interleaved, to spread out noise")
+    ap.add_argument("-fa", "--flash-attn", choices=("off", "on", "default"), default="off",
+                    help="flash attention for every engine (default: off, infer's CPU default)")
     ap.add_argument("--llama-bin", type=Path, default=os.environ.get("LLAMA_BIN"))
     ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -160,7 +179,7 @@ def main() -> None:
         for engine in engines:
             if engine == "llama-bench":
                 r = run_llama_bench(bench_bin, args.model, args.n_prompt, args.n_gen,
-                                    args.repetitions, args.threads)
+                                    args.repetitions, args.threads, args.flash_attn)
             else:
                 out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--child", engine],
                                      capture_output=True, text=True, check=True)
@@ -169,13 +188,13 @@ def main() -> None:
                 results.setdefault(engine, {}).setdefault(k, []).extend(v)
     base = {k: _stats(results["bare"][k])[0] for k in ("pp", "tg")}
     print(f"model: {args.model}   threads: {args.threads}   pp{args.n_prompt} / tg{args.n_gen}, "
-          f"{args.repetitions} repetitions x {args.rounds} rounds")
+          f"{args.repetitions} repetitions x {args.rounds} rounds   flash attention: {args.flash_attn}")
     print(f"{'engine':<18} {'prefill t/s':>16} {'ratio':>6} {'decode t/s':>16} {'ratio':>6}")
     for engine in engines:
         cells = []
         for k in ("pp", "tg"):
-            mean, sd = _stats(results[engine][k])
-            cells.append(f"{mean:>9.1f} ± {sd:<5.1f} {mean / base[k]:>6.3f}")
+            median, sd = _stats(results[engine][k])
+            cells.append(f"{median:>9.1f} ± {sd:<5.1f} {median / base[k]:>6.3f}")
         print(f"{engine:<18} {cells[0]} {cells[1]}")
 
 

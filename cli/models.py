@@ -12,6 +12,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.render import print_table
 from infer.runtime.errors import ModelNotFoundError, UsageError
 
 ModelArg = Annotated[str, typer.Argument(
@@ -42,15 +43,14 @@ def _list(flags: Mapping[str, Any]) -> None:
 
     models = embedded_models() + cached_models()
     if flags["json_output"]:
-        rows = [{"alias": m.alias, "repo": None if m.package else m.repo, "quant": m.quant, "file": m.path.name,
-                 "size": m.size, "path": str(m.path), "parts": len(m.files),
+        rows = [{"alias": m.alias, "repo": None if m.package else m.repo, "quant": m.quant,
+                 "file": m.path.name, "size": m.size, "path": str(m.path), "parts": len(m.files),
                  "last_used": m.last_used, "package": m.package} for m in models]
         sys.stdout.write(json.dumps(rows) + "\n")
         return
     if not models:
         sys.stderr.write("infer: no models yet (try `infer pull qwen2.5:0.5b`)\n")
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
@@ -62,7 +62,7 @@ def _list(flags: Mapping[str, Any]) -> None:
         where = f"{m.path.parent} (package {m.package})" if m.package else str(m.path.parent)
         table.add_row(name, m.path.name + parts, m.quant, human_size(m.size), human_ago(m.last_used),
                       where)
-    Console(soft_wrap=True).print(table)
+    print_table(table)
 
 
 def show(ctx: typer.Context, model: ModelArg, json_output: JsonFlag = False,

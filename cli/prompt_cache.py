@@ -13,6 +13,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.render import print_table
 from infer.runtime.errors import UsageError
 
 SIZE_VARIABLE = "INFER_PROMPT_CACHE_SIZE"
@@ -59,7 +60,6 @@ def _list(flags: Mapping[str, Any]) -> None:
     if not entries:
         sys.stderr.write(f"infer: the prompt cache is empty ({cache.folder})\n")
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
@@ -67,7 +67,7 @@ def _list(flags: Mapping[str, Any]) -> None:
         table.add_column(column, no_wrap=True)
     for e in entries:
         table.add_row(e.model, str(e.n_tokens), human_size(e.size), human_ago(e.last_used))
-    Console(soft_wrap=True).print(table)
+    print_table(table)
     total = sum(e.size for e in entries)
     sys.stderr.write(f"infer: {len(entries)} entries, {human_size(total)} of {human_size(cache.max_bytes)} "
                      f"in {cache.folder}\n")

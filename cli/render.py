@@ -179,3 +179,12 @@ def reply_writer(plain: bool) -> ReplyWriter:
     if plain or not sys.stdout.isatty():
         return PlainReply()
     return MarkdownReply()
+
+
+def print_table(table: Any) -> None:
+    """Print a Rich table on stdout: fitted to a terminal's width, and never cut or
+    wrapped when stdout is a pipe or a file (Rich would assume 80 columns there)."""
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() else 100_000  # the table keeps its natural width
+    Console(soft_wrap=True, highlight=False, width=width).print(table)

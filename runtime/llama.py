@@ -120,10 +120,18 @@ def take_errors() -> str:
     return text
 
 
-@cache
 def init_backend() -> None:
-    """Route llama.cpp's log to ``logging`` and initialise its backends, once per process."""
+    """Route llama.cpp's log to ``logging`` and initialise its backends (once per process).
+
+    The log is claimed again on every call: another library in the same process (the
+    ``llama_cpp`` package's high-level ``Llama`` sets its own callback on import) would
+    otherwise take the lines a model load's placement and error messages are read from."""
     C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    _init_backends()
+
+
+@cache
+def _init_backends() -> None:
     C.llama_backend_init()
 
 

