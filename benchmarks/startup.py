@@ -1,6 +1,10 @@
 """Whole-process wall time of a one-shot run: `infer run MODEL "Hello" -n 16` beside a reference.
 
-    python benchmarks/startup.py MODEL.gguf [-r 10] [-t THREADS] [--llama-bin DIR]
+    python benchmarks/startup.py MODEL.gguf [-r 10] [-t THREADS] [--llama-bin DIR] [--as NAME]
+
+``--as NAME`` gives infer the model by another name that resolves to the same file
+(``--as smollm2`` for the embedded model: what a user types), so the alias's
+resolution is timed too.
 
 The reference is llama.cpp's `llama-completion` when --llama-bin (or $LLAMA_BIN)
 names a folder holding it, else a bare script over the C-API bindings run as a
@@ -64,8 +68,10 @@ def main() -> None:
     ap.add_argument("-r", "--repetitions", type=int, default=10)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--llama-bin", type=Path, default=os.environ.get("LLAMA_BIN"))
+    ap.add_argument("--as", dest="name", help="the name infer is given (default: MODEL)")
     args = ap.parse_args()
-    infer = [sys.executable, "-c", "from infer.cli.main import main; main()", "run", args.model,
+    infer = [sys.executable, "-c", "from infer.cli.main import main; main()", "run",
+             args.name or args.model,
              "Hello", "-n", "16", "-t", str(args.threads)]
     completion = args.llama_bin / "llama-completion" if args.llama_bin else None
     if completion and completion.exists():
@@ -73,7 +79,7 @@ def main() -> None:
         # One conversation turn (-cnv -st): the prompt goes through the chat template, as
         # infer run's does, so both prefill the same tokens.
         ref = [str(completion), "-m", args.model, "-p", "Hello", "-n", "16", "-cnv", "-st",
-               "-t", str(args.threads), "--no-warmup", "-c", "4096"]
+               "-t", str(args.threads), "--no-warmup", "-c", "4096", "-fa", "off"]  # as infer on a CPU
     else:
         name = "bare C-API script"
         script = Path(tempfile.mkdtemp()) / "bare.py"
