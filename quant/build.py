@@ -21,16 +21,12 @@ from infer.quant.check import QualityReport, quality
 from infer.quant.convert import check_architecture, convert, size_label
 from infer.quant.convert.checkpoint import open_checkpoint, read_config
 from infer.quant.gguf_check import check_gguf
-from infer.quant.paths import infer_home
+from infer.quant.paths import models_dir
 from infer.runtime.errors import ModelNotFoundError, ResourceError
 
 # progress(stage, item, index, count): stage is "download", "convert" or "quantize"
 Progress = Callable[[str, str, int, int], None]
 _HAS_SIZE = re.compile(r"(?<![A-Za-z0-9])\d+(\.\d+)?[MBK](?![A-Za-z0-9])", re.IGNORECASE)
-
-
-def models_dir() -> Path:
-    return infer_home() / "models"
 
 
 @dataclass(frozen=True)
@@ -140,19 +136,6 @@ def _check_space(folder: Path, needed: int) -> None:
     free = shutil.disk_usage(folder).free
     if free < needed * 1.1:
         raise ResourceError(f"{folder}: {free / 1e9:.1f} GB free, about {needed / 1e9:.1f} GB needed")
-
-
-def known_output(reference: str) -> Path | None:
-    """A model `infer quantize` wrote, by its name (with or without .gguf, any case)."""
-    folder = models_dir()
-    if not folder.is_dir() or "/" in reference or "\\" in reference:
-        return None
-    wanted = reference.lower().removesuffix(".gguf")
-    for path in folder.glob("*.gguf"):
-        if path.stem.lower() == wanted:
-            return path
-    return None
-
 
 
 DEFAULT_RUN_TYPE = "Q4_K_M"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from infer.quant.catalog import REPO_ID, CatalogEntry, load_catalog
 from infer.quant.gguf_check import check_gguf
-from infer.quant.paths import infer_home
+from infer.quant.paths import infer_home, known_output
 from infer.quant.quants import SPLIT_PART, quant_of
 from infer.runtime.atomic import write_atomic
 from infer.runtime.errors import ModelError, ModelNotFoundError, NetworkError, UsageError
@@ -83,8 +83,6 @@ def resolve_model(reference: str, *, offline: bool = False,
         raise ModelNotFoundError(f"{reference}: is a folder, not a GGUF model file")
     if path.is_file() or (reference.endswith(".gguf") and "/" in reference):
         return ResolvedModel(reference, _local_gguf(path, reference))
-    from infer.quant.build import known_output
-
     built = known_output(reference)
     if built is not None:  # written by `infer quantize`, run by its name
         return ResolvedModel(reference, _local_gguf(built, reference))

