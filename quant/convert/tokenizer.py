@@ -111,9 +111,9 @@ def load_vocab(folder: Path) -> Vocab:
         specials = _special_ids(config, model, folder, tokens, types, index)
         add_bos, add_eos = _post_processor_adds(data.get("post_processor"), specials, path)
         if byte_fallback:
-            scores = _spm_scores(tokens, index, merges, path)
-            return Vocab("llama", "default", tuple(tokens), tuple(types), scores, (), specials, add_bos,
-                         add_eos, _spm_space_prefix(data, path), template)
+            scores = _spm_scores(tokens, types, index, merges, path)
+            return Vocab("llama", "default", tuple(_spm_user_texts(tokens, types, path)), tuple(types),
+                         scores, (), specials, add_bos, add_eos, _spm_space_prefix(data, path), template)
         return Vocab("gpt2", _byte_level_pre(data, model, path), tuple(tokens), tuple(types), None,
                      _merge_strings(merges, path), specials, add_bos, add_eos, None, template)
     except (KeyError, TypeError, AttributeError, ValueError) as e:
@@ -257,13 +257,24 @@ def _byte_level_pre(data: dict[str, Any], model: dict[str, Any], path: Path) -> 
 # -- SentencePiece-style BPE ---------------------------------------------------------------
 
 
-def _spm_scores(tokens: list[str], index: dict[str, int], merges: list[tuple[str, str]],
-                path: Path) -> tuple[float, ...]:
-    """Scores under which llama.cpp's SentencePiece merge order equals the BPE merge ranks."""
+def _spm_scores(tokens: list[str], types: list[int], index: dict[str, int],
+                merges: list[tuple[str, str]], path: Path) -> tuple[float, ...]:
+    """Scores under which llama.cpp's SentencePiece merge order equals the BPE merge ranks.
+
+    User-defined tokens (added, not special: Gemma's runs of spaces, tabs and newlines,
+    its HTML tags) are left out. SentencePiece matches them whole before BPE, and so does
+    llama.cpp (longest first); Hugging Face's export makes them with merges ranked before
+    all others, listed in no particular order (Gemma 3: 1,395 such merges, interleaved
+    run by run), which makes the same tokens. Without them, Gemma 3's merges are listed
+    token by token in the order of the token ids, i.e. of SentencePiece's scores.
+    """
+    user = {tokens[i] for i, kind in enumerate(types) if kind == T.USER_DEFINED}
     first: dict[str, int] = {}
     previous = None
     for rank, (a, b) in enumerate(merges):
         made = a + b
+        if made in user:
+            continue
         if made != previous and made in first:
             raise ModelError(f"{path}: the merges making {made!r} are not listed together; llama.cpp's "
                              "SentencePiece tokenizer cannot reproduce that order")
@@ -271,6 +282,8 @@ def _spm_scores(tokens: list[str], index: dict[str, int], merges: list[tuple[str
         previous = made
     pairs = set(merges)
     for text in tokens:
+        if text in user:
+            continue
         for cut in range(1, len(text)):
             a, b = text[:cut], text[cut:]
             if a in index and b in index and (a, b) not in pairs:
@@ -282,9 +295,24 @@ def _spm_scores(tokens: list[str], index: dict[str, int], merges: list[tuple[str
     return tuple(-float(first[t]) if t in first else 0.0 for t in tokens)
 
 
+def _spm_user_texts(tokens: list[str], types: list[int], path: Path) -> list[str]:
+    """Token texts as llama.cpp's SentencePiece tokenizer needs them: it finds user-defined
+    tokens in the text before spaces become "▁", so theirs are written with spaces (as
+    llama.cpp's own converter does)."""
+    out = [t.replace(SPM_SPACE, " ") if kind == T.USER_DEFINED else t
+           for t, kind in zip(tokens, types, strict=True)]
+    if len(set(out)) != len(out):
+        raise ModelError(f"{path}: a user-defined token is another token with '▁' for ' '; "
+                         "llama.cpp needs unique tokens")
+    return out
+
+
 def _spm_space_prefix(data: dict[str, Any], path: Path) -> bool:
     """Whether a "▁" starts the text: the Prepend("▁") + Replace(" ", "▁") normalizer, or Metaspace."""
     normalizer, pre = data.get("normalizer"), data.get("pre_tokenizer")
+    if (normalizer is not None and pre == {"type": "Split", "pattern": {"String": " "},
+                                           "behavior": "MergedWithPrevious", "invert": False}):
+        pre = None  # Gemma's: splits at spaces the normalizer has already made "▁", so never
     if (normalizer is None and pre and pre.get("type") == "Metaspace" and not pre.get("split", True)
             and pre.get("replacement") == SPM_SPACE and pre.get("prepend_scheme") in ("always", "never")):
         return pre["prepend_scheme"] == "always"
