@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own tools (llama-bench, llama-completion, llama-batched-bench) from the llama-cpp-python
+# Build llama.cpp's own tools (llama-bench, llama-completion, llama-batched-bench, llama-lookup,
+# llama-speculative-simple) from the llama-cpp-python
 # source distribution of the installed version, into ../.bench/ (ignored by git).
 # Usage: benchmarks/build_llama_tools.sh   -> prints the folder holding the binaries.
 set -euo pipefail
@@ -14,5 +15,5 @@ fi
 src="$out/src/llama_cpp_python-$version/vendor/llama.cpp"
 cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF >&2
-cmake --build "$out/build" -j "$(nproc)" --target llama-bench llama-completion llama-batched-bench >&2
+cmake --build "$out/build" -j "$(nproc)" --target llama-bench llama-completion llama-batched-bench llama-lookup llama-speculative-simple >&2
 echo "$out/build/bin"

@@ -82,6 +82,10 @@ def execute(flags: Mapping[str, Any]) -> int:
     overrides = o.sampling_overrides(flags)
     SamplingParams.resolve({}, overrides)
     o.context_params(flags)
+    speculation = o.spec_params(flags)
+    if speculation.type == "draft":
+        raise UsageError("infer batch speculates with prompt lookup only: -md/--model-draft is for "
+                         "infer run and infer chat")
     if flags["explain"]:
         resolved = o.resolve(flags)
         explain(_place(flags, resolved)[0], resolved.reference)
@@ -94,7 +98,7 @@ def execute(flags: Mapping[str, Any]) -> int:
     resolved = o.resolve(flags)
     out = _open_output(output, append=flags["resume"])
     try:
-        failed = _run(flags, resolved, todo, overrides, out)
+        failed = _run(flags, resolved, todo, overrides, speculation, out)
     finally:
         if out is not sys.stdout:
             out.close()
@@ -112,11 +116,12 @@ def _place(flags: Mapping[str, Any], resolved: Any) -> tuple[Placed, int]:
 
 
 def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: dict[str, Any],
-         out: IO[str]) -> int:
+         speculation: Any, out: IO[str]) -> int:
     from infer.cli.run import result_json
+    from infer.cli.speculation import describe
     from infer.runtime.llama import Context, Model
     from infer.runtime.scheduler import Scheduler
-    from infer.runtime.session import common_prefix_len
+    from infer.runtime.session import Usage, common_prefix_len
 
     placed, parallel = _place(flags, resolved)
     cparams = placed.params
@@ -132,7 +137,9 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
             for r in requests[1:]:
                 prefix = prefix[:common_prefix_len(prefix, r.tokens)]
         with Context(model, cparams) as ctx:
-            scheduler = Scheduler(model, ctx, parallel=parallel, shared_prefix=prefix)
+            scheduler = Scheduler(model, ctx, parallel=parallel, shared_prefix=prefix,
+                                  speculation=speculation)
+            guessed = Usage()  # speculation's totals, for -v
             writer = _Writer(out, items, ordered=flags["ordered"], model=resolved.reference,
                              to_json=result_json)
             try:
@@ -145,6 +152,9 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
                             writer.error(outcome.key, outcome.error or "failed")
                             progress.advance(0)
                         else:
+                            usage = outcome.completion.usage
+                            guessed.draft_tokens += usage.draft_tokens
+                            guessed.accepted_tokens += usage.accepted_tokens
                             writer.result(outcome.key, outcome.completion)
                             progress.advance(outcome.completion.usage.completion_tokens)
             finally:
@@ -153,6 +163,8 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     if flags["verbose"]:
         sys.stderr.write(f"infer: {len(items)} lines, {writer.failed} failed; {scheduler.prefilled_tokens} "
                          f"prompt tokens prefilled (a shared prefix of {len(prefix)} once)\n")
+        if speculation.enabled:
+            sys.stderr.write(f"infer: {describe(guessed)}\n")
     return writer.failed
 
 

@@ -65,6 +65,7 @@ def _chat(flags: Mapping[str, Any]) -> None:
     overrides = o.sampling_overrides(flags)
     SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
     o.context_params(flags)
+    o.spec_params(flags)
     if flags["explain"]:
         resolved = o.resolve(flags)
         explain(place(resolved.path, o.model_context_params(flags, resolved.entry)), resolved.reference)
@@ -106,7 +107,14 @@ class _Loaded:
         from infer.runtime.session import Session
 
         placed = place(resolved.path, o.model_context_params(flags, resolved.entry))
+        from infer.cli.speculation import attach
+
         session = Session.open(resolved.path, placed.params, devices=placed.handles)
+        try:
+            attach(flags, session, placed)
+        except BaseException:
+            session.close()
+            raise
         if flags.get("verbose"):
             report(placed, session.model)
         return cls(session, resolved.reference, resolved.entry)
@@ -296,6 +304,8 @@ class ChatState:
         _note(f"{key} = {getattr(self.params, key)!r}")
 
     def _stats(self) -> None:
+        from infer.cli.speculation import describe
+
         if self.last is None:
             _say("no reply yet")
             return
@@ -304,7 +314,8 @@ class ChatState:
              f"prompt tokens ({c.usage.cached_tokens} cached, {c.timings.prefill_tokens} prefilled), "
              f"{c.usage.completion_tokens} generated; time to first token {c.timings.ttft_ms:.0f} ms; "
              f"prefill {c.timings.prefill_tps:.1f} tokens/s; "
-             f"decode {c.timings.decode_tps(c.usage.completion_tokens):.1f} tokens/s")
+             f"decode {c.timings.decode_tps(c.usage.completion_tokens):.1f} tokens/s; "
+             f"{describe(c.usage)}")
 
     def _stream(self, events: Iterator[Any]) -> None:
         from infer.runtime.conversation import Dropped

@@ -22,6 +22,7 @@ from infer.runtime.errors import UsageError
 from infer.runtime.params import ContextParams
 
 SAMPLING = "Sampling"
+SPECULATION = "Speculative decoding"
 CONTEXT = "Context and hardware"
 OUTPUT = "Output"
 
@@ -127,6 +128,30 @@ CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v",
 NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of mapping it.",
                                       rich_help_panel=CONTEXT)]
 
+# --- speculative decoding (names as llama.cpp's) --------------------------------------------
+SpecType = Annotated[str | None, typer.Option(
+    "--spec-type", metavar="auto|none|ngram|draft",
+    help="Guess tokens and verify them in one step: auto (prompt lookup whenever it pays; the "
+         "default), none, ngram (prompt lookup), draft (needs -md).", rich_help_panel=SPECULATION,
+    show_default=False)]
+ModelDraft = Annotated[str | None, typer.Option(
+    "-md", "--model-draft", metavar="MODEL",
+    help="A small model of the same vocabulary that drafts tokens (any name infer run takes).",
+    rich_help_panel=SPECULATION, show_default=False)]
+SpecDraftNMax = Annotated[int | None, typer.Option(
+    "--spec-draft-n-max", help="Tokens guessed per step at most (default 16).",
+    rich_help_panel=SPECULATION, show_default=False)]
+SpecDraftNMin = Annotated[int | None, typer.Option(
+    "--spec-draft-n-min",
+    help="Guess at least this many or none (default 0; equal to the max: a fixed length).",
+    rich_help_panel=SPECULATION, show_default=False)]
+DraftPMin = Annotated[float | None, typer.Option(
+    "--draft-p-min", help="A draft model's guess must be this likely (default 0.75).",
+    rich_help_panel=SPECULATION, show_default=False)]
+SpecNgramSize = Annotated[int | None, typer.Option(
+    "--spec-ngram-size", help="Prompt lookup: the longest n-gram looked up (default 4).",
+    rich_help_panel=SPECULATION, show_default=False)]
+
 Offline = Annotated[bool, typer.Option(
     "--offline", help="Use only models already in the cache (like HF_HUB_OFFLINE=1).")]
 
@@ -206,6 +231,22 @@ def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
             schema = read_text_file(Path(schema[1:]), "JSON schema file")
         out["json_schema"] = schema
     return out
+
+
+def spec_params(flags: Mapping[str, Any]) -> Any:
+    """SpecParams from the --spec-* flags (validated); -md/--model-draft implies --spec-type draft."""
+    from infer.runtime.speculative import SpecParams
+
+    kind = (flags.get("spec_type") or "").lower() or None
+    if flags.get("model_draft"):
+        if kind in ("none", "ngram"):
+            raise UsageError(f"-md/--model-draft drafts with a model; it cannot go with --spec-type {kind}")
+        kind = "draft"
+    elif kind == "draft":
+        raise UsageError("--spec-type draft needs a draft model: -md/--model-draft MODEL")
+    given = {"type": kind, "n_max": flags.get("spec_draft_n_max"), "n_min": flags.get("spec_draft_n_min"),
+             "p_min": flags.get("draft_p_min"), "ngram_size": flags.get("spec_ngram_size")}
+    return SpecParams(**{k: v for k, v in given.items() if v is not None})
 
 
 def model_context_params(flags: Mapping[str, Any], entry: Any) -> ContextParams:
@@ -297,6 +338,9 @@ _MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("flash_attn", FlashAttn, "auto"), ("cache_type_k", CacheTypeK, "f16"),
     ("cache_type_v", CacheTypeV, "f16"), ("no_mmap", NoMmap, False),
     ("tensor_split", TensorSplit, None), ("rpc", Rpc, None), ("explain", Explain, False),
+    ("spec_type", SpecType, None), ("model_draft", ModelDraft, None),
+    ("spec_draft_n_max", SpecDraftNMax, None), ("spec_draft_n_min", SpecDraftNMin, None),
+    ("draft_p_min", DraftPMin, None), ("spec_ngram_size", SpecNgramSize, None),
 )
 
 

@@ -61,6 +61,7 @@ def execute(flags: Mapping[str, Any]) -> None:
     overrides = o.sampling_overrides(flags)
     SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
     o.context_params(flags)  # bad values fail before the model loads
+    o.spec_params(flags)
     template = None
     if flags["chat_template_file"] is not None:
         template = o.read_text_file(flags["chat_template_file"], "chat template file")
@@ -90,7 +91,10 @@ def execute(flags: Mapping[str, Any]) -> None:
     use_compiled_cache(infer_home() / "cache" / "templates")
     cache = None if flags["no_cache"] else open_cache()
 
+    from infer.cli.speculation import attach
+
     with loaded() as session:
+        attach(flags, session, placed)
         if flags["verbose"]:
             report(placed, session.model)
         preamble = 0
@@ -184,6 +188,8 @@ def _write(text: str) -> None:
 
 def result_json(model: str, c: Any) -> dict[str, Any]:
     """The --json result: text, why it ended, token counts and timings."""
+    from infer.cli.speculation import usage_json
+
     t = c.timings
     return {
         "model": model,
@@ -194,6 +200,7 @@ def result_json(model: str, c: Any) -> dict[str, Any]:
             "prompt_tokens": c.usage.prompt_tokens,
             "cached_tokens": c.usage.cached_tokens,
             "completion_tokens": c.usage.completion_tokens,
+            **usage_json(c.usage),
         },
         "timings": {
             "load_ms": round(t.load_ms, 3),
@@ -207,6 +214,8 @@ def result_json(model: str, c: Any) -> dict[str, Any]:
 
 
 def _print_stats(c: Any, conversation: str | None) -> None:
+    from infer.cli.speculation import describe
+
     t, u = c.timings, c.usage
     lines = [
         *([f"conversation: {conversation} (continue with -C, or --conversation {conversation})"]
@@ -217,6 +226,7 @@ def _print_stats(c: Any, conversation: str | None) -> None:
         f"load: {t.load_ms:.0f} ms    time to first token: {t.ttft_ms:.0f} ms",
         f"prefill: {t.prefill_ms:.0f} ms ({t.prefill_tps:.1f} tokens/s)    "
         f"decode: {t.decode_ms:.0f} ms ({t.decode_tps(u.completion_tokens):.1f} tokens/s)",
+        describe(u),
     ]
     sys.stderr.write("".join(f"infer: {line}\n" for line in lines))
     sys.stderr.flush()

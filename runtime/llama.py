@@ -173,6 +173,11 @@ _FLASH_ATTN = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TY
 ATTR_CONTROL = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED
 
 
+def vocab_type(model: Model) -> int:
+    """llama.cpp's vocabulary type (SPM, BPE, WPM, ...) as its enum value."""
+    return int(C.llama_vocab_type(model.vocab))
+
+
 class Model:
     """A loaded model (weights memory-mapped) and its vocabulary."""
 
@@ -674,6 +679,12 @@ class SamplerChain:
 
     def accept(self, token: int) -> None:
         C.llama_sampler_accept(self._ptr, token)
+
+    def clone(self) -> SamplerChain:
+        """An independent copy in the same state (random generator, penalties, grammar)."""
+        twin = SamplerChain.__new__(SamplerChain)
+        twin._ptr = C.llama_sampler_clone(self._ptr)
+        return twin
 
     def reset(self) -> None:
         C.llama_sampler_reset(self._ptr)

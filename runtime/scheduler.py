@@ -13,6 +13,12 @@ Each request has its own sampler chain (its own parameters and seed) and its
 own stop strings. llama.cpp does not promise bit-identical logits across batch
 shapes, so a request's text can differ from a solo run's where two candidate
 tokens are nearly tied; the tests check logits against solo runs within 1e-3.
+
+With speculation (prompt lookup), a generating slot may add guessed tokens after
+its next token, verified with its own chain as ``Session.generate`` does. The
+draft length weighs what the guesses are expected to add to the step's output
+(one token per generating slot) against what the larger batch costs, as measured
+on this run's steps: with many slots a step is already wide and guesses rarely pay.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from infer.runtime.errors import InferError
 from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.sampling import SamplingParams, build_sampler_chain
 from infer.runtime.session import Completion, Timings, Usage, common_prefix_len
+from infer.runtime.speculative import CostModel, SpecParams, Speculator, verify
 from infer.runtime.textstream import TextStream
 
 PREFIX_SEQ = 0  # the shared prefix's own sequence; slots are sequences 1..parallel
@@ -49,9 +56,10 @@ class Outcome:
 class _Slot:
     """One sequence of the context and the request it is serving."""
 
-    def __init__(self, seq_id: int) -> None:
+    def __init__(self, seq_id: int, spec: Speculator | None) -> None:
         self.seq_id = seq_id
         self.request: Request | None = None
+        self.spec = spec  # kept from request to request: what it learned carries over
 
     def start(self, request: Request, params: SamplingParams, chain: Any, cached: int, limit: int) -> None:
         self.request, self.params, self.chain = request, params, chain
@@ -62,6 +70,10 @@ class _Slot:
         self.stream = TextStream(params.stop)
         self.next_token: int | None = None  # sampled, to be decoded in the next step
         self.logits_index: int | None = None  # where this slot's logits are in the batch just decoded
+        self.guesses: list[int] = []  # decoded after next_token in the batch just decoded
+        self.drafted = self.accepted = 0
+        if self.spec is not None:
+            self.spec.start(request.tokens)
         self.t_start = time.perf_counter()
         self.t_prefilled = self.t_first = self.t_start
 
@@ -79,12 +91,21 @@ class Scheduler:
     """
 
     def __init__(self, model: Model, context: Context, *, parallel: int,
-                 shared_prefix: Sequence[int] = ()) -> None:
+                 shared_prefix: Sequence[int] = (), speculation: SpecParams | None = None) -> None:
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
+        if speculation is not None and speculation.type == "draft":
+            raise ValueError("the scheduler speculates with prompt lookup only")
         self.model, self.context = model, context
-        self.slots = [_Slot(seq_id) for seq_id in range(1, parallel + 1)]
         self.batch = Batch(context.n_batch)
+        speculate = speculation is not None and speculation.enabled
+        self.costs = CostModel(self.batch.capacity)  # steps of generating slots only
+        self.slots = [_Slot(seq_id, Speculator(speculation) if speculate and speculation else None)
+                      for seq_id in range(1, parallel + 1)]
+        if speculate:  # one acceptance for all: the requests of a batch are usually alike
+            for slot in self.slots[1:]:
+                assert slot.spec is not None and self.slots[0].spec is not None
+                slot.spec.acceptance = self.slots[0].spec.acceptance
         self.prefix = list(shared_prefix)
         if context.kv_unified:  # the prefix's cells are shared; the rest is split evenly
             self.slot_cells = (context.n_ctx - len(self.prefix)) // parallel
@@ -180,15 +201,23 @@ class Scheduler:
         return None
 
     def _step(self, active: list[_Slot]) -> None:
-        """One decode: the next token of each generating slot, then prefill chunks as room allows."""
+        """One decode: the next token of each generating slot (and its guesses), then prefill
+        chunks as room allows."""
         batch = self.batch
         batch.clear()
+        generating = [slot for slot in active if slot.next_token is not None]
         for slot in active:
             slot.logits_index = None
-            if slot.next_token is not None:
-                slot.logits_index = batch.add(slot.next_token, slot.n_past, slot.seq_id, True)
+        for i, slot in enumerate(generating):
+            assert slot.next_token is not None
+            slot.logits_index = batch.add(slot.next_token, slot.n_past, slot.seq_id, True)
+            slot.n_past += 1
+            slot.guesses = self._guesses(slot, len(generating) - i - 1, len(generating))
+            slot.next_token = None
+            for guess in slot.guesses:
+                batch.add(guess, slot.n_past, slot.seq_id, True)
                 slot.n_past += 1
-                slot.next_token = None
+        wide = len(batch)  # tokens of generating slots; the step is timed if nothing else joins
         for slot in active:
             room = batch.capacity - len(batch)
             if not slot.prefilling or room == 0:
@@ -202,36 +231,77 @@ class Scheduler:
             slot.n_past = end
             if end == len(tokens):
                 slot.logits_index = index
+        t0 = time.perf_counter()
         self.context.decode(batch)
         now = time.perf_counter()
+        if wide and len(batch) == wide:
+            self.costs.observe(wide, now - t0)
         for slot in active:
             if slot.logits_index is not None and not slot.generated:
                 slot.t_prefilled = now
 
+    def _guesses(self, slot: _Slot, after: int, generating: int) -> list[int]:
+        """What the slot guesses after its next token (just added to the batch): never past its
+        token limit, and leaving room in the batch for the `after` slots still to add theirs."""
+        spec = slot.spec
+        if spec is None:
+            return []
+        assert slot.next_token is not None
+        spec.extend((slot.next_token,))
+        room = min(slot.limit - len(slot.generated), self.batch.capacity - len(self.batch) - after)
+        base = len(self.batch) + after  # the step's tokens without this slot's guesses
+
+        def cost_of(k: int) -> float:
+            return self.costs.ratio(base, base + k)
+
+        return spec.propose(room, cost_of, share=1.0 / generating)
+
     def _sample(self, slot: _Slot, on_logits: Callable[[Any, int, Any], None] | None) -> Outcome | None:
-        """Sample the slot's next token; its Outcome when the request is done."""
+        """Sample the slot's next token (and check its guesses); its Outcome when the request is done."""
         request = slot.request
         assert request is not None and slot.logits_index is not None
-        if on_logits is not None:
-            on_logits(request.key, len(slot.generated), self.context.logits(slot.logits_index))
-        token = slot.chain.sample(self.context, slot.logits_index)
-        if not slot.generated:
+        base = slot.logits_index
+
+        def seen(index: int) -> None:
+            if on_logits is not None:
+                on_logits(request.key, len(slot.generated), self.context.logits(index))
+
+        guesses, slot.guesses = slot.guesses, []
+        endings: list[str] = []
+
+        def take(token: int) -> bool:
+            ended = self._emit(slot, token)
+            if ended is not None:
+                endings.append(ended)
+            return ended is not None
+
+        right, after = verify(slot.chain, self.context, base, guesses, take, seen)
+        if not slot.generated and not endings:
             slot.t_first = time.perf_counter()
-        finish = None
-        if self.model.is_eog(token) and not slot.params.ignore_eos:
-            finish = "eos"
-        else:
-            slot.generated.append(token)
-            slot.stream.feed(self.model.token_bytes(token))
-            if slot.stream.stopped_by is not None:
-                finish = "stop"
-            elif len(slot.generated) >= slot.limit:
-                finish = "length"
-            else:
-                slot.next_token = token
+        if slot.spec is not None and slot.generated:  # (not the prefill's token: nothing was proposed)
+            slot.spec.verified(len(guesses), right, right + 1)
+            slot.spec.extend(guesses[:right])
+        if guesses:
+            slot.drafted += len(guesses)
+            slot.accepted += right
+            # The cache keeps the pending token and the right guesses: `after` follows them.
+            slot.n_past -= len(guesses) - right
+            self.context.memory_seq_rm(slot.seq_id, slot.n_past, -1)
+        finish = endings[-1] if after is None else self._emit(slot, after)
         if finish is None:
+            slot.next_token = after
             return None
         return self._finish(slot, finish)
+
+    def _emit(self, slot: _Slot, token: int) -> str | None:
+        """Take one sampled token; why the request ends if it does."""
+        if self.model.is_eog(token) and not slot.params.ignore_eos:
+            return "eos"
+        slot.generated.append(token)
+        slot.stream.feed(self.model.token_bytes(token))
+        if slot.stream.stopped_by is not None:
+            return "stop"
+        return "length" if len(slot.generated) >= slot.limit else None
 
     def _finish(self, slot: _Slot, finish: str) -> Outcome:
         request = slot.request
@@ -242,7 +312,7 @@ class Scheduler:
                           decode_ms=(t_end - slot.t_prefilled) * 1000,
                           ttft_ms=(slot.t_first - slot.t_start) * 1000,
                           prefill_tokens=len(request.tokens) - slot.cached)
-        usage = Usage(len(request.tokens), slot.cached, len(slot.generated))
+        usage = Usage(len(request.tokens), slot.cached, len(slot.generated), slot.drafted, slot.accepted)
         completion = Completion(slot.stream.text, finish, usage, timings, slot.params.seed,
                                 slot.stream.stopped_by if finish == "stop" else None, slot.generated)
         slot.chain.close()

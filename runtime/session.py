@@ -19,6 +19,7 @@ from infer.runtime.errors import ContextOverflowError
 from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.params import ContextParams
 from infer.runtime.sampling import SamplingParams, build_sampler_chain
+from infer.runtime.speculative import Speculator, verify
 from infer.runtime.textstream import TextStream
 
 SEQ_ID = 0
@@ -29,6 +30,8 @@ class Usage:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens that were already in the KV cache
     completion_tokens: int = 0
+    draft_tokens: int = 0  # guessed tokens that speculation had the model verify
+    accepted_tokens: int = 0  # of those, the ones that became output
 
 
 @dataclass
@@ -113,6 +116,7 @@ class Session:
         self.load_ms = load_ms
         self.tokens: list[int] = []
         self._batch = Batch(context.n_batch)
+        self.speculator: Speculator | None = None  # set by the caller to speculate
 
     @classmethod
     def open(cls, path: str | Path, params: ContextParams | None = None, *,
@@ -162,6 +166,9 @@ class Session:
         return wait
 
     def close(self) -> None:
+        if self.speculator is not None:
+            self.speculator.close()
+            self.speculator = None
         self._batch.close()
         self.context.close()
         self.model.close()
@@ -245,6 +252,31 @@ class Session:
         self.context.decode(self._batch)
         self.tokens.append(token)
 
+    def time_decode(self, n: int) -> float:
+        """Seconds one decode of n tokens after the cache's contents takes, with logits for
+        each (as a verification step); the cache is left as it was, its last logits are not."""
+        pos = len(self.tokens)
+        filler = self.tokens[-1] if self.tokens else max(self.model.bos, 0)
+        self._batch.set_tokens([filler] * n, start_pos=pos, seq_id=SEQ_ID, logits_all=True)
+        t0 = time.perf_counter()
+        self.context.decode(self._batch)
+        self.context.synchronize()  # a GPU's decode returns before it is done
+        seconds = time.perf_counter() - t0
+        self.context.memory_seq_rm(SEQ_ID, pos, -1)
+        return seconds
+
+    def _calibrate(self, spec: Speculator) -> None:
+        """Measure the speculator's costs here, after the prompt (a depth like the ones it will
+        verify at), then compute the last token's logits again for the first sample."""
+        from infer.runtime.speculative import DraftModel
+
+        draft = spec.proposer.session if isinstance(spec.proposer, DraftModel) else None
+        spec.calibrate(self.time_decode, self.n_ctx - len(self.tokens),
+                       (lambda: draft.time_decode(1)) if draft is not None else None)
+        last = self.tokens.pop()
+        self.context.memory_seq_rm(SEQ_ID, len(self.tokens), -1)
+        self.decode_token(last)
+
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, checkpoints: Sequence[int] = (),
                  on_checkpoint: Callable[[int], None] | None = None,
                  started: float | None = None) -> Iterator[Piece | Completion]:
@@ -254,37 +286,91 @@ class Session:
         `checkpoints` and `on_checkpoint` are passed to `prefill`. `started` (a
         `time.perf_counter()` value) is when the request began, if earlier than this
         call (a state loaded from the prompt cache): prefill and first-token times count from it.
+        With a speculator (``self.speculator``), each step may verify several guessed tokens.
         """
         self.check_fits(len(prompt), params.max_tokens)
         params = params.with_seed()
         t_start = time.perf_counter() if started is None else started
+        spec = self.speculator
+        drafted = accepted = 0
         with build_sampler_chain(params, self.model) as chain:
             cached = self.prefill(prompt, checkpoints=checkpoints, on_checkpoint=on_checkpoint)
-            t_prefilled = time.perf_counter()
-            stream = TextStream(params.stop)
             limit = self.n_ctx - len(prompt)
             if params.max_tokens is not None:
                 limit = min(limit, params.max_tokens)
+            if spec is not None and spec.needs_profile and limit > 1:
+                self._calibrate(spec)  # once per model and settings: counted as prefill
+            t_prefilled = time.perf_counter()
+            stream = TextStream(params.stop)
             generated: list[int] = []
             finish = "length"
-            t_first = t_prefilled
-            model, decode_token, token_bytes = self.model, self.decode_token, self.model.token_bytes
-            while len(generated) < limit:
-                token = chain.sample(self.context)
-                if not generated:
-                    t_first = time.perf_counter()
+            model, token_bytes = self.model, self.model.token_bytes
+
+            def emit(token: int) -> tuple[str, str | None]:
+                """Take one sampled token: the text now final, and why generation ends if it does."""
                 if model.is_eog(token) and not params.ignore_eos:
-                    finish = "eos"
-                    break
+                    return "", "eos"
                 generated.append(token)
                 text = stream.feed(token_bytes(token))
-                if text:
-                    yield Piece(text)
                 if stream.stopped_by is not None:
-                    finish = "stop"
+                    return text, "stop"
+                return text, "length" if len(generated) >= limit else None
+
+            pieces: list[str] = []  # the text of a run of accepted guesses
+            endings: list[str] = []
+
+            def take(token: int) -> bool:
+                """An accepted guess: emitted; True if generation ends with it."""
+                piece, ended = emit(token)
+                if piece:
+                    pieces.append(piece)
+                if ended is not None:
+                    endings.append(ended)
+                return ended is not None
+
+            if spec is not None:
+                spec.start(prompt)
+            token = chain.sample(self.context) if limit > 0 else -1
+            t_first = time.perf_counter()  # (with limit 0: the end of prefill)
+            while limit > 0:
+                piece, ended = emit(token)
+                if piece:
+                    yield Piece(piece)
+                if ended is not None:
+                    finish = ended
                     break
-                if len(generated) < limit:
-                    decode_token(token)
+                if spec is None:
+                    self.decode_token(token)
+                    token = chain.sample(self.context)
+                    continue
+                # Guesses after `token`: never past the token limit or the context.
+                room = min(limit - len(generated), self.n_ctx - len(self.tokens) - 1)
+                spec.extend((token,))
+                guesses = spec.propose(room)
+                if not guesses:
+                    self.decode_token(token)
+                    spec.verified(0, 0, 1)
+                    token = chain.sample(self.context)
+                    continue
+                n_past = len(self.tokens)
+                self._batch.set_tokens([token, *guesses], start_pos=n_past, seq_id=SEQ_ID, logits_all=True)
+                self.context.decode(self._batch)
+                self.tokens.extend((token, *guesses))
+                pieces.clear()
+                right, after = verify(chain, self.context, 0, guesses, take)
+                if pieces:
+                    yield Piece("".join(pieces))
+                drafted += len(guesses)
+                accepted += right
+                # The KV cache keeps the pending token and the right guesses: `after` follows them.
+                self.context.memory_seq_rm(SEQ_ID, n_past + 1 + right, -1)
+                del self.tokens[n_past + 1 + right:]
+                spec.verified(len(guesses), right, right + 1)
+                spec.extend(guesses[:right])
+                if after is None:
+                    finish = endings[-1]
+                    break
+                token = after
             tail = stream.finish()
             if tail:
                 yield Piece(tail)
@@ -296,6 +382,6 @@ class Session:
             ttft_ms=(t_first - t_start) * 1000,
             prefill_tokens=len(prompt) - cached,
         )
-        usage = Usage(len(prompt), cached, len(generated))
+        usage = Usage(len(prompt), cached, len(generated), drafted, accepted)
         yield Completion(stream.text, finish, usage, timings, params.seed,
                          stream.stopped_by if finish == "stop" else None, generated)

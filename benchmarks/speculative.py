@@ -1,0 +1,231 @@
+"""Speculative decoding: decode speed with and without, beside llama.cpp's llama-lookup.
+
+    python benchmarks/speculative.py MODEL.gguf --llama-bin DIR [-t 2] [--rounds 3]
+                                     [--lookup-n 2,3,4,6,8] [--tasks edit,extract,open]
+
+Three tasks, each one chat prompt rendered once with the model's template (the same
+text goes to both tools): ``edit`` (rename a variable in a 100-line function and print
+it whole: the reply repeats its input), ``extract`` (quote sentences from a document),
+``open`` (open-ended writing). For each task and round, in alternating order:
+
+- ``infer run`` with --spec-type none, and with the default settings (auto: prompt
+  lookup, cost-aware draft length);
+- ``llama-lookup`` (prompt lookup, a fixed draft length) at 0 (its plain decoding
+  loop, the baseline of its speed-ups) and at each length of --lookup-n.
+
+With ``batch`` in --tasks, the scheduler (``infer batch``) too: six requests (two of
+each task), at each --parallel of --batch-parallel, without speculation and with the
+default (cost-aware prompt lookup per slot), in one process, alternating; generated
+tokens/s over the whole batch and the ratio.
+
+All greedy, one thread count, flash attention off everywhere (infer's CPU default;
+llama.cpp's differs and changes the rounding). Decode tokens/s are medians over the
+rounds; speed-ups are each tool's over its own plain decoding, and the last column is
+infer's speed-up divided by llama-lookup's at its best fixed length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+
+INFER = str(Path(sys.executable).parent / "infer")  # the console script beside this Python
+
+
+def edit_task() -> tuple[str, str]:
+    lines = ["def summarize_inventory(items, warehouse, threshold):",
+             '    """Totals, shortages and a report for one warehouse."""',
+             "    total = 0", "    shortages = []", "    report = []"]
+    fields = ["apples", "pears", "plums", "grapes", "lemons", "limes", "melons", "cherries",
+              "peaches", "apricots", "figs", "dates", "kiwis", "mangoes", "papayas", "guavas",
+              "lychees", "olives"]
+    for name in fields:
+        lines += [f'    count_{name} = items.get("{name}", 0)',
+                  f"    total += count_{name}",
+                  f"    if count_{name} < threshold:",
+                  f'        shortages.append(("{name}", threshold - count_{name}))',
+                  f'    report.append(f"{name}: {{count_{name}}} in {{warehouse}}")']
+    lines += ["    report.append(f\"total: {total}\")",
+              "    return total, shortages, \"\\n\".join(report)"]
+    code = "\n".join(lines)
+    assert len(lines) >= 95, len(lines)
+    return code, "Rename the variable total to grand_total in this function and print the whole function."
+
+
+def extract_task() -> tuple[str, str]:
+    facts = [
+        "The bridge opened in 1932 after six years of construction.",
+        "Its main span is 503 metres long and carries eight lanes of traffic.",
+        "Workers painted the steel arch with a grey primer every ten years.",
+        "In 1998 a railway line was added beside the road deck.",
+        "The toll was abolished in 2005, when the city paid off the last bonds.",
+        "Tourists can climb the arch on guided walks that take three hours.",
+        "A storm in 2011 closed the bridge for two days, the longest closure in its history.",
+        "The lamps along the deck were replaced with LEDs in 2016.",
+        "Engineers inspect the bearings every spring with ultrasound.",
+        "The bridge appears on the city's coat of arms and on its bus tickets.",
+    ]
+    doc = " ".join(facts * 2)
+    return doc, ("Quote, word for word, every sentence of this text that contains a year, "
+                 "one per line, in the order they appear.")
+
+
+def open_task() -> tuple[str, str]:
+    return "", "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+TASKS = {"edit": (edit_task, 1024), "extract": (extract_task, 512), "open": (open_task, 384)}
+
+
+def render(model: str, text: str, instruction: str) -> str:
+    out = subprocess.run([INFER, "run", model, instruction,
+                          "--show-prompt", "--no-cache"], input=text, capture_output=True, text=True,
+                         check=True)
+    return out.stdout  # the template ends with "assistant\n": printed as is
+
+
+def run_infer(model: str, text: str, instruction: str, n: int, threads: int, extra: list[str]) -> dict:
+    cmd = [INFER, "run", model, instruction, "--json", "--temp", "0",
+           "-n", str(n), "-t", str(threads), "-fa", "off", "--no-cache", "-c", "4096", *extra]
+    out = subprocess.run(cmd, input=text, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"infer failed: {out.stderr[-2000:]}")
+    r = json.loads(out.stdout)
+    u = r["usage"]
+    return {"tps": r["timings"]["decode_tokens_per_second"], "tokens": u["completion_tokens"],
+            "drafted": u["draft_tokens"], "accepted": u["accepted_tokens"], "text": r["text"]}
+
+
+def run_lookup(binary: Path, model: str, prompt_file: str, n: int, threads: int, k: int) -> dict:
+    cmd = [str(binary), "-m", model, "-f", prompt_file, "-n", str(n), "-t", str(threads), "--temp", "0",
+           "-fa", "off", "-c", "4096", "--spec-draft-n-max", str(k)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"llama-lookup failed: {out.stderr[-2000:]}")
+    err = out.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", err)
+    drafted = re.search(r"n_drafted\s+=\s+(\d+)", err)
+    accepted = re.search(r"n_accept\s+=\s+(\d+)", err)
+    if not m:
+        raise SystemExit(f"llama-lookup printed no timing: {err[-2000:]}")
+    return {"tps": float(m.group(3)), "tokens": int(m.group(1)),
+            "drafted": int(drafted.group(1)) if drafted else 0,
+            "accepted": int(accepted.group(1)) if accepted else 0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN"),
+                    required=not os.environ.get("LLAMA_BIN"))
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--lookup-n", default="2,3,4,6,8")
+    ap.add_argument("--tasks", default="edit,extract,open,batch")
+    ap.add_argument("--batch-parallel", default="1,2,4,8")
+    ap.add_argument("--infer-extra", default="", help="more infer run flags for the speculating side")
+    args = ap.parse_args()
+    lookup = Path(args.llama_bin) / "llama-lookup"
+    ks = [int(k) for k in args.lookup_n.split(",")]
+    for task in args.tasks.split(","):
+        if task == "batch":
+            batch_section(args)
+            continue
+        make, n = TASKS[task]
+        text, instruction = make()
+        prompt = render(args.model, text, instruction)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write(prompt)
+        sides: dict[str, list[dict]] = {}
+        runners = {"infer none": partial(run_infer, args.model, text, instruction, n, args.threads,
+                                         ["--spec-type", "none"]),
+                   "infer auto": partial(run_infer, args.model, text, instruction, n, args.threads,
+                                         args.infer_extra.split())}
+        for k in [0, *ks]:
+            runners[f"lookup {k}"] = partial(run_lookup, lookup, args.model, f.name, n, args.threads, k)
+        names = list(runners)
+        for r in range(args.rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                sides.setdefault(name, []).append(runners[name]())
+        os.unlink(f.name)
+        med = {name: statistics.median(x["tps"] for x in runs) for name, runs in sides.items()}
+        base_i, base_l = med["infer none"], med["lookup 0"]
+        best_k = max(ks, key=lambda k: med[f"lookup {k}"])
+        print(f"\n## {task} ({args.rounds} rounds, {args.threads} threads, -n {n})")
+        print(f"{'side':<12} {'tok/s':>8} {'speed-up':>9} {'tokens':>7} {'drafted':>8} {'accepted':>9}")
+        for name, runs in sides.items():
+            base = base_i if name.startswith("infer") else base_l
+            last = runs[-1]
+            print(f"{name:<12} {med[name]:8.1f} {med[name] / base:9.3f} {last['tokens']:7d} "
+                  f"{last['drafted']:8d} {last['accepted']:9d}")
+        plain, spec = sides["infer none"][-1]["text"], sides["infer auto"][-1]["text"]
+        same = next((i for i, (a, b) in enumerate(zip(plain, spec, strict=False)) if a != b), None)
+        print("infer auto's text equals infer none's" if plain == spec else
+              f"infer auto's text differs from infer none's at character {same} of {len(plain)} "
+              "(batch shapes round differently: see README)")
+        ours, theirs = med["infer auto"] / base_i, med[f"lookup {best_k}"] / base_l
+        print(f"infer auto speed-up {ours:.3f}; llama-lookup at its best ({best_k}) {theirs:.3f}; "
+              f"ratio {ours / theirs:.3f}")
+        sys.stdout.flush()
+
+
+def batch_section(args: argparse.Namespace) -> None:
+    """The scheduler with and without speculation, at each --parallel, in this process."""
+    import time
+
+    from infer.runtime.llama import Context, Model
+    from infer.runtime.params import ContextParams
+    from infer.runtime.prompt import chat_prompt
+    from infer.runtime.sampling import SamplingParams
+    from infer.runtime.scheduler import Request, Scheduler
+    from infer.runtime.speculative import SpecParams
+
+    n = 160
+    params = SamplingParams(temperature=0.0, max_tokens=n)
+    asks = []
+    for make, _ in TASKS.values():
+        text, instruction = make()
+        for ask in (instruction, instruction.replace("whole", "entire").replace("every", "each")):
+            asks.append(f"{text}\n\n{ask}".strip())  # as infer run puts piped text and PROMPT
+    sides = {"none": None, "auto": SpecParams()}
+    with Model(args.model) as model:
+        prompts = [chat_prompt(model, [{"role": "user", "content": a}]).tokens for a in asks]
+        print(f"\n## batch ({len(prompts)} requests of at most {n} tokens: two per task; "
+              f"{args.rounds} rounds, {args.threads} threads)")
+        print(f"{'parallel':>8} {'none tok/s':>11} {'auto tok/s':>11} {'ratio':>7} {'drafted':>8} "
+              f"{'accepted':>9}")
+        for parallel in [int(p) for p in args.batch_parallel.split(",")]:
+            cparams = ContextParams(n_ctx=(parallel + 1) * (max(map(len, prompts)) + n + 16),
+                                    n_seq_max=parallel + 1, n_threads=args.threads, flash_attn="off")
+            speeds: dict[str, list[float]] = {}
+            counts = (0, 0)
+            with Context(model, cparams) as ctx:
+                for r in range(args.rounds):
+                    for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+                        scheduler = Scheduler(model, ctx, parallel=parallel, speculation=sides[name])
+                        t0 = time.perf_counter()
+                        done = [o.completion for o in scheduler.run(
+                            Request(i, t, params) for i, t in enumerate(prompts)) if o.completion]
+                        seconds = time.perf_counter() - t0
+                        scheduler.close()
+                        speeds.setdefault(name, []).append(sum(c.usage.completion_tokens for c in done)
+                                                           / seconds)
+                        if name == "auto":
+                            counts = (sum(c.usage.draft_tokens for c in done),
+                                      sum(c.usage.accepted_tokens for c in done))
+            none, auto = (statistics.median(speeds[k]) for k in ("none", "auto"))
+            ratios = statistics.median(a / b for a, b in zip(speeds["auto"], speeds["none"], strict=True))
+            print(f"{parallel:8d} {none:11.1f} {auto:11.1f} {ratios:7.3f} {counts[0]:8d} {counts[1]:9d}")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,634 @@
+"""Speculative decoding: propose several tokens cheaply, verify them in one step.
+
+A proposer guesses the next tokens: ``PromptLookup`` finds the last few tokens
+earlier in the prompt or the reply and takes what followed them there (free);
+``DraftModel`` runs a small model of the same vocabulary. The main model then
+decodes the pending token and the k guesses in one batch, and the request's own
+sampler chain samples position by position, accepting while the sample equals
+the guess (see ``Session.generate``). With a deterministic proposer that draws
+exactly what decoding without speculation draws, one sample per emitted token.
+
+A verification batch is not free (on a CPU, 4 tokens cost about three single
+steps), so the draft length is chosen per step from what is measured: the cost
+of a batch of n tokens on this model and device (``CostModel``) and the running
+acceptance of proposals like this one (``Acceptance``). When no length is
+expected to pay, nothing is proposed and the step is a plain decode.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from infer.runtime.errors import UsageError
+
+if TYPE_CHECKING:
+    from infer.runtime.llama import Context, Model, SamplerChain
+    from infer.runtime.session import Session
+
+SPEC_TYPES = ("auto", "none", "ngram", "draft")
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """How to speculate; names follow llama.cpp's ``--spec-*`` flags.
+
+    ``type``: ``auto`` is prompt lookup, cost-aware (it proposes only when the
+    measured cost and acceptance say it pays; a draft model makes it ``draft``);
+    ``none`` turns speculation off. ``n_min == n_max`` is a fixed draft length
+    (proposed whenever the proposer has that many tokens), for comparisons.
+    """
+
+    type: str = "auto"
+    n_max: int = 16
+    n_min: int = 0
+    p_min: float = 0.75  # a draft model's guess must be at least this likely (its own softmax)
+    ngram_size: int = 4  # the longest n-gram looked up (down to 1)
+
+    def __post_init__(self) -> None:
+        if self.type not in SPEC_TYPES:
+            raise UsageError(f"--spec-type must be one of {', '.join(SPEC_TYPES)}, got {self.type!r}")
+        if not 1 <= self.n_max <= 64:
+            raise UsageError(f"--spec-draft-n-max must be in [1, 64], got {self.n_max}")
+        if not 0 <= self.n_min <= self.n_max:
+            raise UsageError(f"--spec-draft-n-min must be in [0, --spec-draft-n-max], got {self.n_min}")
+        if not 0 <= self.p_min <= 1 or math.isnan(self.p_min):
+            raise UsageError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
+        if not 1 <= self.ngram_size <= 16:
+            raise UsageError(f"--spec-ngram-size must be in [1, 16], got {self.ngram_size}")
+
+    @property
+    def fixed(self) -> bool:
+        return self.n_min == self.n_max
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "none"
+
+
+# -- what a batch costs ------------------------------------------------------------------
+
+
+class CostModel:
+    """Seconds one decode of a batch of n tokens takes, for n = 1 .. max_n, as measured.
+
+    Each size keeps a moving average of its own timings. Batches of two or more tokens
+    are then fitted with a line robust to outliers (Siegel's repeated median of the
+    slopes between measured sizes, then the median intercept): a shared machine's hiccup at one size
+    does not rule that size out for the rest of the run, and sizes never measured are
+    read off the line. Until two sizes are measured, an extra token is assumed to cost
+    half a single-token step (slightly optimistic on a CPU, so that lengths get tried and
+    measured). A scheduler that never decodes a single token compares sizes with `ratio`.
+    """
+
+    PRIOR_SLOPE = 0.5
+    WEIGHT = 0.2  # of a new timing in the moving average
+
+    def __init__(self, max_n: int) -> None:
+        self.max_n = max_n
+        self.seconds: dict[int, float] = {}
+        self._line: tuple[float, float] | None = None  # (seconds at n = 2, seconds per extra token)
+
+    def observe(self, n: int, seconds: float) -> None:
+        if not 1 <= n <= self.max_n or seconds <= 0:
+            return
+        old = self.seconds.get(n)
+        if old is not None:  # one stall of a shared machine moves the average a little only
+            seconds = min(seconds, 2 * old)
+        self.seconds[n] = seconds if old is None else old + self.WEIGHT * (seconds - old)
+        self._line = None
+
+    def step_seconds(self) -> float | None:
+        """What a single-token step takes, if measured."""
+        return self.seconds.get(1)
+
+    def _fit(self) -> tuple[float, float] | None:
+        if self._line is None:
+            points = sorted((n, t) for n, t in self.seconds.items() if n >= 2)
+            one = self.seconds.get(1)
+            if not points:
+                if one is None:
+                    return None
+                self._line = (one * (1 + self.PRIOR_SLOPE), one * self.PRIOR_SLOPE)
+            elif len(points) == 1:
+                n, t = points[0]
+                if one is None:  # the single step this size would be under the prior
+                    one = t / (1 + self.PRIOR_SLOPE * (n - 1))
+                slope = one * self.PRIOR_SLOPE
+                self._line = (t - slope * (n - 2), slope)
+            else:
+                slope = max(statistics.median(  # Siegel's repeated median
+                    statistics.median((t2 - t1) / (n2 - n1) for n2, t2 in points if n2 != n1)
+                    for n1, t1 in points), 0.0)
+                at2 = statistics.median(t - slope * (n - 2) for n, t in points)
+                self._line = (at2, slope)
+        return self._line
+
+    def seconds_at(self, n: int) -> float | None:
+        """The estimated seconds of a batch of n tokens; None before anything was measured."""
+        line = self._fit()
+        if line is None:
+            return None
+        at2, slope = line
+        if n <= 1:
+            one = self.seconds.get(1)
+            return one if one is not None else max(at2 - slope, 1e-9)
+        return max(at2 + slope * (n - 2), 1e-9)
+
+    def ratio(self, n: int, m: int) -> float:
+        """The cost of a batch of m tokens relative to one of n (at least 1 when m >= n)."""
+        a, b = self.seconds_at(n), self.seconds_at(m)
+        if a is None or b is None:
+            a, b = 1 + self.PRIOR_SLOPE * (max(n, 1) - 1), 1 + self.PRIOR_SLOPE * (max(m, 1) - 1)
+        return max(b / a, 1.0) if m >= n else b / a
+
+    def cost(self, n: int) -> float:
+        """The cost of a batch of n tokens relative to a single-token step."""
+        return 1.0 if n <= 1 else self.ratio(1, n)
+
+
+# -- how often proposals are right -------------------------------------------------------
+
+
+class Acceptance:
+    """How often a guess is right, by what backed it (its key), learned as the text goes.
+
+    Prompt lookup gives each guess a key (see ``PromptLookup``): a copy of an earlier
+    passage that has matched for m tokens, or the statistics of what followed the last n
+    tokens before. Every guess tested (up to and including the first one rejected) and
+    every one accepted is counted under its key. A key starts from a prior worth a few
+    observations, never more than the acceptance of all guesses so far, so that a text
+    that does not repeat its input stops speculation under every key at once.
+    """
+
+    PRIOR_WEIGHT = 3.0
+    OVERALL_PRIOR = (0.9, 4.0)  # (rate, weight) before anything was tested: worth trying
+    # Each step, the overall counts fade by this much: after a stretch without repeats has
+    # stopped speculation, the prior returns slowly (half in ~35 steps), and a text that
+    # starts repeating itself later is tried again.
+    FADE = 0.98
+
+    def __init__(self) -> None:
+        self.tested: dict[Hashable, float] = {}
+        self.accepted: dict[Hashable, float] = {}
+        self._all = [0.0, 0.0]  # accepted, tested
+
+    def overall(self) -> float:
+        rate, weight = self.OVERALL_PRIOR
+        return (self._all[0] + rate * weight) / (self._all[1] + weight)
+
+    def rate(self, key: Hashable) -> float:
+        prior = min(_prior(key), self.overall())
+        return ((self.accepted.get(key, 0.0) + prior * self.PRIOR_WEIGHT)
+                / (self.tested.get(key, 0.0) + self.PRIOR_WEIGHT))
+
+    def observe(self, keys: Sequence[Hashable], accepted: int) -> None:
+        """The guesses under `keys` were verified in order and the first `accepted` were right
+        (no keys: a step without guesses)."""
+        self._all[0] *= self.FADE
+        self._all[1] *= self.FADE
+        for i, key in enumerate(keys[:accepted + 1]):
+            self.tested[key] = self.tested.get(key, 0.0) + 1
+            self._all[1] += 1
+            if i < accepted:
+                self.accepted[key] = self.accepted.get(key, 0.0) + 1
+                self._all[0] += 1
+
+
+def _prior(key: Hashable) -> float:
+    """What a guess under `key` is expected to be worth before any was tested: optimistic
+    enough for a likely kind to be tried (and then measured), not so much that a text
+    without repeats pays for many tries."""
+    if isinstance(key, tuple) and key and key[0] == "copy":
+        return 1.0 - 1.0 / key[1]  # a long copy goes on: 0.875 at 8 tokens, 0.97 at 32
+    if isinstance(key, tuple) and key and key[0] == "ngram":
+        _, n, agree, seen = key
+        sure = min(0.3 + 0.1 * n + 0.125 * (seen - 1), 0.95)  # a 4-gram: 0.7 seen once, 0.95 thrice
+        return sure * agree / 100
+    return 0.8
+
+
+MARGIN = 0.05  # a step with guesses must be expected to pay this much more than one without
+
+
+def best_length(rates: Sequence[float], costs: Sequence[float], n_min: int, share: float = 1.0) -> int:
+    """The draft length k that maximizes expected tokens per unit of cost, 0 if none beats a
+    plain step. rates[i]: the chance that guess i is right given the ones before it were;
+    costs[k]: the cost of the step with k guesses relative to the step without (verifying
+    them and proposing them). `share`: what one more token is worth against the step's
+    output without guesses (1 for one sequence; 1/16 in a batch of 16 sequences)."""
+    best_k, best_gain = 0, 1.0
+    expected, alive = 1.0, 1.0
+    for k in range(1, len(rates) + 1):
+        alive *= rates[k - 1]
+        expected += alive * share
+        gain = expected / costs[k]
+        if k >= n_min and gain > best_gain * (1.0 + MARGIN if best_k == 0 else 1.0):
+            best_k, best_gain = k, gain
+    return best_k
+
+
+# -- proposers ---------------------------------------------------------------------------
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    keys: list[Hashable]  # what backs each guess, for Acceptance (a draft model: none)
+
+
+class Proposer(Protocol):
+    """What guesses tokens: it follows the history and proposes up to k_max tokens."""
+
+    def sync(self, tokens: Sequence[int]) -> None: ...
+    def extend(self, tokens: Sequence[int]) -> None: ...
+    def propose(self, k_max: int) -> Proposal | None: ...
+    def advanced(self, emitted: int) -> None: ...
+
+
+def _copy_bucket(m: int) -> int:
+    return 8 if m < 12 else 12 if m < 16 else 16 if m < 24 else 24 if m < 32 else 32
+
+
+def _agree_bucket(top: int, total: int) -> int:
+    share = top / total
+    return 100 if share == 1.0 else 66 if share >= 2 / 3 else 50 if share >= 0.5 else 25
+
+
+class PromptLookup:
+    """The next tokens guessed from earlier in the same token history (prompt and reply).
+
+    Two sources, each guess keyed by what backs it (``Acceptance`` learns how often each
+    kind is right):
+
+    - a copy: when the history's end matches an earlier passage for at least COPY_MIN
+      tokens, what followed that passage (key ``("copy", m)``, m the match length
+      counting the guesses before, bucketed). The copy followed last time is kept
+      while it matches best, so that a repeated phrase does not jump elsewhere;
+    - n-gram statistics: otherwise the most frequent token after the longest of the last
+      1 .. ngram_size tokens seen before (ties: the latest), keyed ``("ngram", n,
+      agreement, seen)``: the share of the top continuation (100: always the same) and
+      how often that n-gram was seen. A field name after ``("`` in a list of twenty
+      fields is a bad guess, one after a unique phrase a good one.
+
+    Guesses are made one after another on the history extended by the guesses before.
+    """
+
+    COPY_MIN = 8
+    MAX_MATCH = 32
+
+    def __init__(self, ngram_size: int) -> None:
+        self.n = ngram_size
+        self._reset()
+
+    def _reset(self) -> None:
+        self.history: list[int] = []
+        # per n: n-gram -> {next token: count}, and n-gram -> the position after its latest occurrence
+        self.after: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(self.n + 1)]
+        self.latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.n + 1)]
+        self._follow: int | None = None  # where the last copy's continuation would be read
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Make the history equal `tokens` (usually an extension of it)."""
+        h = self.history
+        if len(tokens) < len(h) or tokens[:len(h)] != h:
+            self._reset()
+        self.extend(tokens[len(self.history):])
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        h, after, latest, n_max = self.history, self.after, self.latest, self.n
+        for token in tokens:
+            end = len(h)  # the new token follows the n-grams ending before it
+            for n in range(1, min(n_max, end) + 1):
+                gram = tuple(h[end - n:end])
+                counts = after[n].get(gram)
+                if counts is None:
+                    after[n][gram] = {token: 1}
+                else:
+                    counts[token] = counts.get(token, 0) + 1
+                latest[n][gram] = end
+            h.append(token)
+
+    def _match(self, source: int) -> int:
+        """How many tokens before `source` equal the history's last ones."""
+        h, end = self.history, len(self.history)
+        m = 0
+        while m < self.MAX_MATCH and source - 1 - m >= 0 and h[source - 1 - m] == h[end - 1 - m]:
+            m += 1
+        return m
+
+    def _copy(self) -> tuple[int, int | None]:
+        """The best copy source (the position its continuation starts at) and its match length."""
+        h = self.history
+        end = len(h)
+        source = None
+        for n in range(min(self.n, end - 1), 0, -1):
+            source = self.latest[n].get(tuple(h[end - n:end]))
+            if source is not None:
+                break
+        best = (self._match(source), source) if source is not None else (0, None)
+        follow = self._follow
+        if follow is not None and follow < end and follow != source:
+            m = self._match(follow)
+            if m >= best[0]:
+                best = (m, follow)
+        return best
+
+    def _statistics(self, tail: list[int]) -> tuple[int, Hashable] | None:
+        """The likeliest token after `tail` by n-gram statistics, and its key."""
+        for n in range(min(self.n, len(tail)), 0, -1):
+            gram = tuple(tail[len(tail) - n:])
+            counts = self.after[n].get(gram)
+            if not counts:
+                continue
+            latest = self.history[self.latest[n][gram]] if self.latest[n][gram] < len(self.history) else None
+            token, top = max(counts.items(), key=lambda kv: (kv[1], kv[0] == latest))
+            total = sum(counts.values())
+            return token, ("ngram", n, _agree_bucket(top, total), min(total, 3))
+        return None
+
+    def propose(self, k_max: int) -> Proposal | None:
+        h = self.history
+        end = len(h)
+        m, source = self._copy()
+        self._follow = source if m > 0 else None
+        tail = h[max(end - self.n, 0):]
+        tokens: list[int] = []
+        keys: list[Hashable] = []
+        for j in range(k_max):
+            if source is not None and m + j >= self.COPY_MIN:
+                at = source + j  # the copy may run into its own continuation (a loop)
+                token = h[at] if at < end else tokens[at - end]
+                key: Hashable = ("copy", _copy_bucket(m + j))
+            else:
+                found = self._statistics(tail)
+                if found is None:
+                    break
+                token, key = found
+                at = source + j if source is not None else -1
+                if source is not None and token != (h[at] if at < end else tokens[at - end]):
+                    source = None  # the statistics left the copy
+            tokens.append(token)
+            keys.append(key)
+            tail.append(token)
+        return Proposal(tokens, keys) if tokens else None
+
+    def advanced(self, emitted: int) -> None:
+        """`emitted` tokens were added after the last proposal: its source moves with them."""
+        if self._follow is not None:
+            self._follow += emitted
+
+
+class DraftModel:
+    """A small model of the same vocabulary, decoding greedily in a session of its own."""
+
+    def __init__(self, session: Session, p_min: float) -> None:
+        self.session = session
+        self.p_min = p_min
+        self.history: list[int] = []
+        self.confidence: list[float] = []  # the draft's own probability of each guess
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        self.history = list(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.history.extend(tokens)
+
+    def propose(self, k_max: int) -> Proposal | None:
+        import numpy as np
+
+        session = self.session
+        if len(self.history) + k_max >= session.n_ctx:
+            k_max = session.n_ctx - len(self.history) - 1
+        if k_max < 1:
+            return None
+        session.prefill(self.history)
+        guesses: list[int] = []
+        self.confidence = []
+        while True:
+            logits = session.context.logits(-1)
+            token = int(logits.argmax())
+            top = float(logits[token])
+            p = 1.0 / float(np.exp(logits - top).sum())
+            if p < self.p_min or session.model.is_eog(token):
+                break
+            guesses.append(token)
+            self.confidence.append(p)
+            if len(guesses) >= k_max:
+                break
+            session.decode_token(token)
+        return Proposal(guesses, []) if guesses else None
+
+    def advanced(self, emitted: int) -> None:
+        pass
+
+
+# -- the policy --------------------------------------------------------------------------
+
+
+class Speculator:
+    """Chooses each step's guesses and learns from the outcome. One per session: in a chat
+    what it learned carries over from turn to turn.
+
+    The costs it weighs come from a profile measured once (``calibrate``: batches of 1 ..
+    n_max + 1 tokens on this model, device and settings, and a draft model's step) and
+    kept by the caller (``profile``, ``on_measured``), not from the timings of the run:
+    the guesses then depend on the tokens alone, so the same command gives the same text
+    on every run, though the machine's speed varies from one to the next.
+    """
+
+    CALIBRATION_BUDGET_S = 1.5
+
+    def __init__(self, params: SpecParams, proposer: Proposer | None = None, *,
+                 profile: Mapping[str, Any] | None = None,
+                 on_measured: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.params = params
+        self.proposer = proposer if proposer is not None else PromptLookup(params.ngram_size)
+        self.costs = CostModel(params.n_max + 1)
+        self.draft_step = 0.0  # a draft-model step relative to a step of the model
+        self.profile: dict[str, Any] | None = None
+        if profile is not None:
+            self._use(profile)
+        self.on_measured = on_measured
+        self.acceptance = Acceptance()
+        self.draft_rate = [1.0, 1.0]  # accepted, tested (draft model: calibrates its own p)
+        self._last: Proposal | None = None
+
+    def close(self) -> None:
+        if isinstance(self.proposer, DraftModel):
+            self.proposer.session.close()
+
+    @property
+    def kind(self) -> str:
+        return "draft" if isinstance(self.proposer, DraftModel) else "ngram"
+
+    @property
+    def needs_profile(self) -> bool:
+        """Whether `calibrate` must run before the first proposal (a fixed length weighs no costs)."""
+        return self.profile is None and not self.params.fixed
+
+    def _use(self, profile: Mapping[str, Any]) -> None:
+        batch = {int(n): float(t) for n, t in profile["batch"].items()}
+        for n, t in sorted(batch.items()):
+            self.costs.observe(n, t)
+        one, draft = batch.get(1), profile.get("draft_step")
+        self.draft_step = float(draft) / one if draft and one else 0.0
+        self.profile = {"batch": {str(n): t for n, t in batch.items()}, "draft_step": draft}
+
+    def calibrate(self, measure: Callable[[int], float], room: int,
+                  measure_draft: Callable[[], float] | None = None) -> None:
+        """Measure the profile: `measure(n)` times one decode of n tokens with logits for each
+        (a verification step), `measure_draft()` one step of the draft model; at most `room`
+        tokens at once. Passed to ``on_measured`` for the caller to keep."""
+        profile: dict[str, Any] = {"batch": measure_batches(measure, min(self.params.n_max + 1, room),
+                                                            self.CALIBRATION_BUDGET_S),
+                                   "draft_step": None}
+        if measure_draft is not None:
+            profile["draft_step"] = min(measure_draft() for _ in range(3))
+        self._use(profile)
+        if self.on_measured is not None and self.profile is not None:
+            self.on_measured({"batch": dict(self.profile["batch"]), "draft_step": self.profile["draft_step"]})
+
+    def start(self, tokens: Sequence[int]) -> None:
+        """A generation begins after `tokens`."""
+        self.proposer.sync(tokens)
+        self._last = None
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.proposer.extend(tokens)
+
+    def propose(self, room: int, cost_of: Callable[[int], float] | None = None,
+                share: float = 1.0) -> list[int]:
+        """Guesses for the next step, at most `room` of them (possibly none).
+
+        `cost_of(k)`: what the step costs with k guesses relative to without (default: the
+        profile's batches of k + 1 against 1); `share`: see best_length."""
+        if cost_of is None:
+            cost_of = self._own_cost
+        k_max = min(self.params.n_max, room)
+        if k_max < max(self.params.n_min, 1):
+            return []
+        if isinstance(self.proposer, DraftModel):
+            k_max = self._draft_limit(k_max, cost_of, share)
+            if k_max < max(self.params.n_min, 1):
+                return []
+        proposal = self.proposer.propose(k_max)
+        if proposal is None or len(proposal.tokens) < max(self.params.n_min, 1):
+            self._last = None
+            return []
+        k = len(proposal.tokens)
+        if not self.params.fixed and isinstance(self.proposer, PromptLookup):
+            rates = [self.acceptance.rate(key) for key in proposal.keys]  # as measured, per guess
+            k = best_length(rates, [cost_of(n) for n in range(k + 1)], self.params.n_min, share)
+        elif not self.params.fixed and isinstance(self.proposer, DraftModel):
+            # a draft model: its own probabilities, calibrated by how often they came true
+            calib = self.draft_rate[0] / self.draft_rate[1]
+            rates = [min(p * calib, 0.999) for p in self.proposer.confidence[:k]]
+            k = best_length(rates, [cost_of(n) + self.draft_step * n for n in range(k + 1)],
+                            self.params.n_min, share)
+        if k == 0:
+            self._last = None
+            return []
+        self._last = Proposal(proposal.tokens[:k], proposal.keys[:k])
+        return self._last.tokens
+
+    def _own_cost(self, k: int) -> float:
+        return self.costs.cost(k + 1)
+
+    def _draft_limit(self, k_max: int, cost_of: Callable[[int], float], share: float) -> int:
+        """The longest draft worth computing, if every guess were as likely as the draft's
+        running acceptance says."""
+        if self.params.fixed:
+            return k_max
+        rate = self.draft_rate[0] / self.draft_rate[1]
+        k = best_length([min(rate, 0.999)] * k_max,
+                        [cost_of(n) + self.draft_step * n for n in range(k_max + 1)], 0, share)
+        return max(k, 1)
+
+    def verified(self, proposed: int, accepted: int, emitted: int) -> None:
+        """The outcome of the last proposal: `accepted` of `proposed` guesses were right and
+        `emitted` tokens were added to the history in all."""
+        last = self._last
+        self.acceptance.observe(last.keys[:proposed] if last is not None else (), accepted)
+        if last is not None and isinstance(self.proposer, DraftModel):
+            tested = min(accepted + 1, proposed)
+            self.draft_rate[0] += accepted
+            self.draft_rate[1] += sum(self.proposer.confidence[:tested])
+        self.proposer.advanced(emitted)
+
+
+def measure_batches(measure: Callable[[int], float], max_n: int, budget_s: float) -> dict[int, float]:
+    """Seconds of one decode of n tokens for n = 1 .. max_n: the fastest of two timings of
+    each size, measured in an order that covers the whole range early (1, max_n, the
+    middle, then the gaps between) and stopped once `budget_s` is spent, three sizes at
+    least. The CostModel reads the sizes left out off its line."""
+    order, spans = [1, max_n] if max_n > 1 else [1], [(1, max_n)]
+    while spans:
+        lo, hi = spans.pop(0)
+        if hi - lo > 1:
+            mid = (lo + hi) // 2
+            order.append(mid)
+            spans += [(lo, mid), (mid, hi)]
+    best: dict[int, float] = {}
+    deadline = time.perf_counter() + budget_s
+    for _ in range(2):
+        for n in order:
+            if len(best) >= min(3, len(order)) and time.perf_counter() > deadline:
+                return best
+            seconds = measure(n)
+            best[n] = min(best.get(n, seconds), seconds)
+    return best
+
+
+def verify(chain: SamplerChain, context: Context, base: int, guesses: Sequence[int],
+           take: Callable[[int], bool],
+           on_sample: Callable[[int], None] | None = None) -> tuple[int, int | None]:
+    """Check guesses against the request's own sampler chain, one sample per position.
+
+    The batch just decoded holds the pending token at output `base` and the guesses after
+    it. The chain samples at each output in turn while the sample equals the guess there;
+    `take(token)` receives every accepted guess and says whether generation ends with it.
+    Returns how many guesses were accepted and the token sampled after them (the first
+    mismatch, or one more when all were right), None if generation ended inside the run.
+    `on_sample(output)` is called before each sample (for tests that inspect the logits).
+    """
+    for i, guess in enumerate(guesses):
+        if on_sample is not None:
+            on_sample(base + i)
+        token = chain.sample(context, base + i)
+        if token != guess:
+            return i, token
+        if take(token):
+            return i + 1, None
+    if on_sample is not None:
+        on_sample(base + len(guesses))
+    return len(guesses), chain.sample(context, base + len(guesses))
+
+
+def check_compatible(model: Model, draft: Model) -> None:
+    """Raise a UsageError saying what differs if `draft` cannot propose tokens for `model`
+    (the checks of llama.cpp's speculative example: vocabulary type and size, special
+    tokens, and every token's text)."""
+    from infer.runtime.llama import vocab_type
+
+    def differs(what: str, a: object, b: object) -> UsageError:
+        return UsageError(f"the draft model {draft.path.name} cannot draft for {model.path.name}: "
+                          f"{what} is {b} in the draft and {a} in the model")
+
+    if vocab_type(model) != vocab_type(draft):
+        raise differs("the vocabulary type", vocab_type(model), vocab_type(draft))
+    if abs(model.n_vocab - draft.n_vocab) > 128:
+        raise differs("the vocabulary size", model.n_vocab, draft.n_vocab)
+    for what, a, b in (("add-BOS", model.add_bos, draft.add_bos), ("BOS", model.bos, draft.bos),
+                       ("EOS", model.eos, draft.eos)):
+        if a != b:
+            raise differs(what, a, b)
+    for token in range(5, min(model.n_vocab, draft.n_vocab)):
+        a, b = model.token_bytes(token, special=True), draft.token_bytes(token, special=True)
+        if a != b:
+            raise differs(f"token {token}", repr(a.decode("utf-8", "replace")),
+                          repr(b.decode("utf-8", "replace")))
