@@ -335,6 +335,32 @@ def test_run_reports_speculation_in_json_and_verbose(smollm2, infer_home):
     assert "infer: speculation:" in verbose.stderr and "accepted" in verbose.stderr
 
 
+def test_the_same_command_gives_the_same_text_on_every_run(smollm2, tmp_path):
+    """The draft length follows a cost profile measured once (by the first run) and kept,
+    not the run's own timings: every run makes the same guesses, so batch shapes and their
+    rounding are the same, and so is the text."""
+    env = {"INFER_HOME": str(tmp_path / "home")}
+    args = ("run", smollm2, "Print this code again, unchanged.", "--temp", "0.7", "--seed", "3",
+            "-n", "96", "--json", "--no-cache", "-t", "2")
+    profiles = tmp_path / "home" / "cache" / "speculation.json"
+    results, kept = [], []
+    for _ in range(3):
+        r = run_cli(*args, input=CODE, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        results.append(json.loads(r.stdout))
+        kept.append(profiles.read_text())
+    assert results[0]["usage"]["accepted_tokens"] > 0  # it did speculate
+    assert len({(r["text"], r["usage"]["draft_tokens"], r["usage"]["accepted_tokens"]) for r in results}) == 1
+    assert kept[0] == kept[1] == kept[2]  # measured by the first run, then only read
+    (profile,) = json.loads(kept[0]).values()
+    assert profile["batch"]["1"] > 0 and profile["draft_step"] is None
+    # A profile that cannot be read is measured again; the run does not fail.
+    profiles.write_text("{not json")
+    again = run_cli(*args, input=CODE, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert len(json.loads(profiles.read_text())) == 1
+
+
 def test_an_incompatible_draft_model_is_a_usage_error_saying_what_differs(smollm2, tiny_llama, infer_home):
     result = run_cli("run", smollm2, "hi", "-md", tiny_llama, "-n", "4")
     assert_one_line_error(result, 2, "cannot draft for", "vocabulary")
