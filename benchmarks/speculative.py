@@ -1,17 +1,24 @@
 """Speculative decoding: decode speed with and without, beside llama.cpp's llama-lookup.
 
     python benchmarks/speculative.py MODEL.gguf --llama-bin DIR [-t 2] [--rounds 3]
-                                     [--lookup-n 2,3,4,6,8] [--tasks edit,extract,open]
+                                     [--lookup-n 2,3,4,6,8] [--tasks edit,extract,open,batch]
 
-Three tasks, each one chat prompt rendered once with the model's template (the same
-text goes to both tools): ``edit`` (rename a variable in a 100-line function and print
-it whole: the reply repeats its input), ``extract`` (quote sentences from a document),
-``open`` (open-ended writing). For each task and round, in alternating order:
+Three tasks, each a few chat prompts (variants) rendered with the model's template (the
+same text goes to both tools): ``edit`` (rename a variable in a 100-line function and
+print it whole: the reply repeats its input), ``extract`` (quote sentences from a
+document), ``open`` (open-ended writing). For each task and round, in alternating order:
 
 - ``infer run`` with --spec-type none, and with the default settings (auto: prompt
   lookup, cost-aware draft length);
 - ``llama-lookup`` (prompt lookup, a fixed draft length) at 0 (its plain decoding
   loop, the baseline of its speed-ups) and at each length of --lookup-n.
+
+A side's speed in a round is its generated tokens over its decode seconds, summed over
+the task's variants. Why variants: the verification batches round differently from
+single steps (llama.cpp uses other kernels for them), so with speculation a small
+model's greedy reply can part from its reply without, early, and go on differently,
+for infer and llama-lookup alike (each draft length of llama-lookup writes its own
+text). One prompt would compare one draw of that lottery per side; several average it.
 
 With ``batch`` in --tasks, the scheduler (``infer batch``) too: six requests (two of
 each task), at each --parallel of --batch-parallel, without speculation and with the
@@ -19,9 +26,11 @@ default (cost-aware prompt lookup per slot), in one process, alternating; genera
 tokens/s over the whole batch and the ratio.
 
 All greedy, one thread count, flash attention off everywhere (infer's CPU default;
-llama.cpp's differs and changes the rounding). Decode tokens/s are medians over the
-rounds; speed-ups are each tool's over its own plain decoding, and the last column is
-infer's speed-up divided by llama-lookup's at its best fixed length.
+llama.cpp's differs and changes the rounding). infer runs in a fresh INFER_HOME: its
+first speculating run measures the cost profile (counted in prefill, not decode).
+Decode tokens/s are medians over the rounds; speed-ups are each tool's over its own
+plain decoding, and the last line divides infer's speed-up by llama-lookup's at its
+best fixed length.
 """
 
 from __future__ import annotations
@@ -40,28 +49,49 @@ from pathlib import Path
 INFER = str(Path(sys.executable).parent / "infer")  # the console script beside this Python
 
 
-def edit_task() -> tuple[str, str]:
-    lines = ["def summarize_inventory(items, warehouse, threshold):",
-             '    """Totals, shortages and a report for one warehouse."""',
-             "    total = 0", "    shortages = []", "    report = []"]
-    fields = ["apples", "pears", "plums", "grapes", "lemons", "limes", "melons", "cherries",
-              "peaches", "apricots", "figs", "dates", "kiwis", "mangoes", "papayas", "guavas",
-              "lychees", "olives"]
-    for name in fields:
-        lines += [f'    count_{name} = items.get("{name}", 0)',
-                  f"    total += count_{name}",
-                  f"    if count_{name} < threshold:",
-                  f'        shortages.append(("{name}", threshold - count_{name}))',
-                  f'    report.append(f"{name}: {{count_{name}}} in {{warehouse}}")']
-    lines += ["    report.append(f\"total: {total}\")",
-              "    return total, shortages, \"\\n\".join(report)"]
-    code = "\n".join(lines)
-    assert len(lines) >= 95, len(lines)
-    return code, "Rename the variable total to grand_total in this function and print the whole function."
+def _function(name: str, args: str, doc: str, setup: list[str], fields: list[str],
+              body: list[str], tail: list[str]) -> str:
+    """A function of about 100 lines: a block of `body` lines per field ({f} the field)."""
+    lines = [f"def {name}({args}):", f'    """{doc}"""', *setup]
+    for field in fields:
+        lines += [line.format(f=field) for line in body]
+    lines += tail
+    assert len(lines) >= 95, (name, len(lines))
+    return "\n".join(lines)
 
 
-def extract_task() -> tuple[str, str]:
-    facts = [
+FRUITS = ["apples", "pears", "plums", "grapes", "lemons", "limes", "melons", "cherries", "peaches",
+          "apricots", "figs", "dates", "kiwis", "mangoes", "papayas", "guavas", "lychees", "olives"]
+SETTINGS = ["host", "port", "user", "password", "timeout", "retries", "backoff", "log_level",
+            "cache_dir", "workers", "queue_size", "tls_cert", "tls_key", "region", "bucket",
+            "endpoint", "proxy", "locale", "theme", "editor", "shell", "pager", "history"]
+
+
+def edit_tasks() -> list[tuple[str, str]]:
+    inventory = _function(
+        "summarize_inventory", "items, warehouse, threshold",
+        "Totals, shortages and a report for one warehouse.",
+        ["    total = 0", "    shortages = []", "    report = []"], FRUITS,
+        ['    count_{f} = items.get("{f}", 0)', "    total += count_{f}", "    if count_{f} < threshold:",
+         '        shortages.append(("{f}", threshold - count_{f}))',
+         '    report.append(f"{f}: {{count_{f}}} in {{warehouse}}")'],
+        ['    report.append(f"total: {total}")', '    return total, shortages, "\\n".join(report)'])
+    config = _function(
+        "check_config", "config, strict", "Every setting's problems, and the settings that are valid.",
+        ["    errors = []", "    valid = {}"], SETTINGS,
+        ['    value = config.get("{f}")', "    if value is None and strict:",
+         '        errors.append("missing setting: {f}")', "    elif value is not None:",
+         '        valid["{f}"] = value'],
+        ["    if errors and strict:", '        raise ValueError("; ".join(errors))',
+         "    return valid, errors"])
+    return [(inventory, "Rename the variable total to grand_total in this function and print the "
+                        "whole function."),
+            (config, "Rename the variable errors to problems in this function and print the whole "
+                     "function.")]
+
+
+def extract_tasks() -> list[tuple[str, str]]:
+    bridge = [
         "The bridge opened in 1932 after six years of construction.",
         "Its main span is 503 metres long and carries eight lanes of traffic.",
         "Workers painted the steel arch with a grey primer every ten years.",
@@ -73,16 +103,27 @@ def extract_task() -> tuple[str, str]:
         "Engineers inspect the bearings every spring with ultrasound.",
         "The bridge appears on the city's coat of arms and on its bus tickets.",
     ]
-    doc = " ".join(facts * 2)
-    return doc, ("Quote, word for word, every sentence of this text that contains a year, "
-                 "one per line, in the order they appear.")
+    library = [
+        "The library was founded in 1887 by a group of shipbuilders.",
+        "Its reading room seats two hundred people under a glass dome.",
+        "A fire in 1923 destroyed the west wing and nine thousand books.",
+        "The rebuilt wing opened in 1927 with a children's section.",
+        "Since 1964 the library has kept the city's newspaper archive.",
+        "Volunteers repair old bindings every Thursday evening.",
+        "The catalogue went online in 2001, and lending machines came in 2014.",
+        "The dome was cleaned for the first time in 2019.",
+    ]
+    ask = ("Quote, word for word, every sentence of this text that contains a year, one per line, "
+           "in the order they appear.")
+    return [(" ".join(bridge * 2), ask), (" ".join(library * 2), ask)]
 
 
-def open_task() -> tuple[str, str]:
-    return "", "Write a long story about a lighthouse keeper who finds a message in a bottle."
+def open_tasks() -> list[tuple[str, str]]:
+    return [("", "Write a long story about a lighthouse keeper who finds a message in a bottle."),
+            ("", "Write an essay about why cities plant trees along their streets.")]
 
 
-TASKS = {"edit": (edit_task, 1024), "extract": (extract_task, 512), "open": (open_task, 384)}
+TASKS = {"edit": (edit_tasks, 512), "extract": (extract_tasks, 512), "open": (open_tasks, 384)}
 
 
 def render(model: str, text: str, instruction: str) -> str:
@@ -100,7 +141,7 @@ def run_infer(model: str, text: str, instruction: str, n: int, threads: int, ext
         raise SystemExit(f"infer failed: {out.stderr[-2000:]}")
     r = json.loads(out.stdout)
     u = r["usage"]
-    return {"tps": r["timings"]["decode_tokens_per_second"], "tokens": u["completion_tokens"],
+    return {"seconds": r["timings"]["decode_ms"] / 1000, "tokens": u["completion_tokens"],
             "drafted": u["draft_tokens"], "accepted": u["accepted_tokens"], "text": r["text"]}
 
 
@@ -116,7 +157,7 @@ def run_lookup(binary: Path, model: str, prompt_file: str, n: int, threads: int,
     accepted = re.search(r"n_accept\s+=\s+(\d+)", err)
     if not m:
         raise SystemExit(f"llama-lookup printed no timing: {err[-2000:]}")
-    return {"tps": float(m.group(3)), "tokens": int(m.group(1)),
+    return {"seconds": float(m.group(2)), "tokens": int(m.group(1)),
             "drafted": int(drafted.group(1)) if drafted else 0,
             "accepted": int(accepted.group(1)) if accepted else 0}
 
@@ -133,6 +174,7 @@ def main() -> None:
     ap.add_argument("--batch-parallel", default="1,2,4,8")
     ap.add_argument("--infer-extra", default="", help="more infer run flags for the speculating side")
     args = ap.parse_args()
+    os.environ["INFER_HOME"] = tempfile.mkdtemp(prefix="infer-bench-")
     lookup = Path(args.llama_bin) / "llama-lookup"
     ks = [int(k) for k in args.lookup_n.split(",")]
     for task in args.tasks.split(","):
@@ -140,37 +182,45 @@ def main() -> None:
             batch_section(args)
             continue
         make, n = TASKS[task]
-        text, instruction = make()
-        prompt = render(args.model, text, instruction)
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write(prompt)
-        sides: dict[str, list[dict]] = {}
-        runners = {"infer none": partial(run_infer, args.model, text, instruction, n, args.threads,
-                                         ["--spec-type", "none"]),
-                   "infer auto": partial(run_infer, args.model, text, instruction, n, args.threads,
-                                         args.infer_extra.split())}
-        for k in [0, *ks]:
-            runners[f"lookup {k}"] = partial(run_lookup, lookup, args.model, f.name, n, args.threads, k)
+        runners: dict[str, list] = {"infer none": [], "infer auto": []}
+        runners.update({f"lookup {k}": [] for k in [0, *ks]})
+        files = []
+        for text, instruction in make():
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+                f.write(render(args.model, text, instruction))
+            files.append(f.name)
+            runners["infer none"].append(partial(run_infer, args.model, text, instruction, n, args.threads,
+                                                 ["--spec-type", "none"]))
+            runners["infer auto"].append(partial(run_infer, args.model, text, instruction, n, args.threads,
+                                                 args.infer_extra.split()))
+            for k in [0, *ks]:
+                runners[f"lookup {k}"].append(partial(run_lookup, lookup, args.model, f.name, n,
+                                                      args.threads, k))
         names = list(runners)
+        speeds: dict[str, list[float]] = {name: [] for name in names}
+        last: dict[str, list[dict]] = {}
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
-                sides.setdefault(name, []).append(runners[name]())
-        os.unlink(f.name)
-        med = {name: statistics.median(x["tps"] for x in runs) for name, runs in sides.items()}
+                runs = [run() for run in runners[name]]
+                speeds[name].append(sum(x["tokens"] for x in runs) / sum(x["seconds"] for x in runs))
+                last[name] = runs
+        for path in files:
+            os.unlink(path)
+        med = {name: statistics.median(v) for name, v in speeds.items()}
         base_i, base_l = med["infer none"], med["lookup 0"]
         best_k = max(ks, key=lambda k: med[f"lookup {k}"])
-        print(f"\n## {task} ({args.rounds} rounds, {args.threads} threads, -n {n})")
+        print(f"\n## {task} ({len(files)} prompts, {args.rounds} rounds, {args.threads} threads, -n {n})")
         print(f"{'side':<12} {'tok/s':>8} {'speed-up':>9} {'tokens':>7} {'drafted':>8} {'accepted':>9}")
-        for name, runs in sides.items():
+        for name in names:
             base = base_i if name.startswith("infer") else base_l
-            last = runs[-1]
-            print(f"{name:<12} {med[name]:8.1f} {med[name] / base:9.3f} {last['tokens']:7d} "
-                  f"{last['drafted']:8d} {last['accepted']:9d}")
-        plain, spec = sides["infer none"][-1]["text"], sides["infer auto"][-1]["text"]
-        same = next((i for i, (a, b) in enumerate(zip(plain, spec, strict=False)) if a != b), None)
-        print("infer auto's text equals infer none's" if plain == spec else
-              f"infer auto's text differs from infer none's at character {same} of {len(plain)} "
-              "(batch shapes round differently: see README)")
+            runs = last[name]
+            print(f"{name:<12} {med[name]:8.1f} {med[name] / base:9.3f} {sum(x['tokens'] for x in runs):7d} "
+                  f"{sum(x['drafted'] for x in runs):8d} {sum(x['accepted'] for x in runs):9d}")
+        for i, (plain, spec) in enumerate(zip(last["infer none"], last["infer auto"], strict=True)):
+            a, b = plain["text"], spec["text"]
+            at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            print(f"prompt {i + 1}: infer auto's text " + ("equals infer none's" if a == b else
+                  f"parts from infer none's at character {at} of {len(a)}"))
         ours, theirs = med["infer auto"] / base_i, med[f"lookup {best_k}"] / base_l
         print(f"infer auto speed-up {ours:.3f}; llama-lookup at its best ({best_k}) {theirs:.3f}; "
               f"ratio {ours / theirs:.3f}")

@@ -1,18 +1,20 @@
 """Speculative decoding: propose several tokens cheaply, verify them in one step.
 
-A proposer guesses the next tokens: ``PromptLookup`` finds the last few tokens
-earlier in the prompt or the reply and takes what followed them there (free);
-``DraftModel`` runs a small model of the same vocabulary. The main model then
-decodes the pending token and the k guesses in one batch, and the request's own
-sampler chain samples position by position, accepting while the sample equals
-the guess (see ``Session.generate``). With a deterministic proposer that draws
-exactly what decoding without speculation draws, one sample per emitted token.
+A proposer guesses the next tokens: ``PromptLookup`` finds the text's end earlier in
+the prompt or the reply and takes what followed it there (free); ``DraftModel`` runs
+a small model of the same vocabulary. The main model then decodes the pending token
+and the k guesses in one batch, and the request's own sampler chain samples position
+by position, accepting while the sample equals the guess (``verify``). With a
+deterministic proposer that draws what decoding without speculation draws, one sample
+per emitted token, up to the rounding of the batch shapes (on a CPU llama.cpp computes
+a token decoded in a batch slightly differently from one decoded alone).
 
-A verification batch is not free (on a CPU, 4 tokens cost about three single
-steps), so the draft length is chosen per step from what is measured: the cost
-of a batch of n tokens on this model and device (``CostModel``) and the running
-acceptance of proposals like this one (``Acceptance``). When no length is
-expected to pay, nothing is proposed and the step is a plain decode.
+A verification batch is not free (on a 2-core CPU a batch of 2 tokens costs about two
+single steps, one of 5 about three), so the draft length is chosen per step from the
+cost of a batch of n tokens on this model and device (``CostModel``, from a profile
+measured once: ``Speculator``) and from how often guesses backed by the same kind of
+evidence were right (``Acceptance``). When no length is expected to pay, nothing is
+proposed and the step is a plain decode.
 """
 
 from __future__ import annotations
@@ -81,8 +83,9 @@ class CostModel:
     slopes between measured sizes, then the median intercept): a shared machine's hiccup at one size
     does not rule that size out for the rest of the run, and sizes never measured are
     read off the line. Until two sizes are measured, an extra token is assumed to cost
-    half a single-token step (slightly optimistic on a CPU, so that lengths get tried and
-    measured). A scheduler that never decodes a single token compares sizes with `ratio`.
+    half a single-token step. A Speculator fills it from its measured profile; the
+    scheduler (``infer batch``) with the timings of its own steps, and compares sizes with
+    `ratio` (it never decodes a single token).
     """
 
     PRIOR_SLOPE = 0.5
@@ -101,10 +104,6 @@ class CostModel:
             seconds = min(seconds, 2 * old)
         self.seconds[n] = seconds if old is None else old + self.WEIGHT * (seconds - old)
         self._line = None
-
-    def step_seconds(self) -> float | None:
-        """What a single-token step takes, if measured."""
-        return self.seconds.get(1)
 
     def _fit(self) -> tuple[float, float] | None:
         if self._line is None:
