@@ -46,7 +46,8 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-INFER = str(Path(sys.executable).parent / "infer")  # the console script beside this Python
+INFER = [str(Path(sys.executable).parent / "infer")]  # the console script beside this Python
+GPU: list[str] = []  # -ngl N for both tools (--ngl)
 
 
 def _function(name: str, args: str, doc: str, setup: list[str], fields: list[str],
@@ -127,15 +128,15 @@ TASKS = {"edit": (edit_tasks, 512), "extract": (extract_tasks, 512), "open": (op
 
 
 def render(model: str, text: str, instruction: str) -> str:
-    out = subprocess.run([INFER, "run", model, instruction,
+    out = subprocess.run([*INFER, "run", model, instruction,
                           "--show-prompt", "--no-cache"], input=text, capture_output=True, text=True,
                          check=True)
     return out.stdout  # the template ends with "assistant\n": printed as is
 
 
 def run_infer(model: str, text: str, instruction: str, n: int, threads: int, extra: list[str]) -> dict:
-    cmd = [INFER, "run", model, instruction, "--json", "--temp", "0",
-           "-n", str(n), "-t", str(threads), "-fa", "off", "--no-cache", "-c", "4096", *extra]
+    cmd = [*INFER, "run", model, instruction, "--json", "--temp", "0",
+           "-n", str(n), "-t", str(threads), "-fa", "off", "--no-cache", "-c", "4096", *GPU, *extra]
     out = subprocess.run(cmd, input=text, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"infer failed: {out.stderr[-2000:]}")
@@ -147,7 +148,7 @@ def run_infer(model: str, text: str, instruction: str, n: int, threads: int, ext
 
 def run_lookup(binary: Path, model: str, prompt_file: str, n: int, threads: int, k: int) -> dict:
     cmd = [str(binary), "-m", model, "-f", prompt_file, "-n", str(n), "-t", str(threads), "--temp", "0",
-           "-fa", "off", "-c", "4096", "--spec-draft-n-max", str(k)]
+           "-fa", "off", "-c", "4096", "--spec-draft-n-max", str(k), *GPU]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"llama-lookup failed: {out.stderr[-2000:]}")
@@ -173,7 +174,13 @@ def main() -> None:
     ap.add_argument("--tasks", default="edit,extract,open,batch")
     ap.add_argument("--batch-parallel", default="1,2,4,8")
     ap.add_argument("--infer-extra", default="", help="more infer run flags for the speculating side")
+    ap.add_argument("--infer", help="the infer command (default: the console script beside this Python)")
+    ap.add_argument("--ngl", help="-ngl for both tools (layers on the GPU)")
     args = ap.parse_args()
+    if args.infer:
+        INFER[:] = args.infer.split()
+    if args.ngl:
+        GPU[:] = ["-ngl", args.ngl]
     os.environ["INFER_HOME"] = tempfile.mkdtemp(prefix="infer-bench-")
     lookup = Path(args.llama_bin) / "llama-lookup"
     ks = [int(k) for k in args.lookup_n.split(",")]
@@ -240,11 +247,8 @@ def batch_section(args: argparse.Namespace) -> None:
 
     n = 160
     params = SamplingParams(temperature=0.0, max_tokens=n)
-    asks = []
-    for make, _ in TASKS.values():
-        text, instruction = make()
-        for ask in (instruction, instruction.replace("whole", "entire").replace("every", "each")):
-            asks.append(f"{text}\n\n{ask}".strip())  # as infer run puts piped text and PROMPT
+    asks = [f"{text}\n\n{instruction}".strip()  # as infer run puts piped text and PROMPT
+            for make, _ in TASKS.values() for text, instruction in make()]
     sides = {"none": None, "auto": SpecParams()}
     with Model(args.model) as model:
         prompts = [chat_prompt(model, [{"role": "user", "content": a}]).tokens for a in asks]

@@ -315,7 +315,7 @@ class ChatState:
              f"{c.usage.completion_tokens} generated; time to first token {c.timings.ttft_ms:.0f} ms; "
              f"prefill {c.timings.prefill_tps:.1f} tokens/s; "
              f"decode {c.timings.decode_tps(c.usage.completion_tokens):.1f} tokens/s; "
-             f"{describe(c.usage)}")
+             f"{describe(c.usage, c.timings)}")
 
     def _stream(self, events: Iterator[Any]) -> None:
         from infer.runtime.conversation import Dropped

@@ -226,7 +226,7 @@ def _print_stats(c: Any, conversation: str | None) -> None:
         f"load: {t.load_ms:.0f} ms    time to first token: {t.ttft_ms:.0f} ms",
         f"prefill: {t.prefill_ms:.0f} ms ({t.prefill_tps:.1f} tokens/s)    "
         f"decode: {t.decode_ms:.0f} ms ({t.decode_tps(u.completion_tokens):.1f} tokens/s)",
-        describe(u),
+        describe(u, t),
     ]
     sys.stderr.write("".join(f"infer: {line}\n" for line in lines))
     sys.stderr.flush()

@@ -109,10 +109,14 @@ def usage_json(usage: Any) -> dict[str, int]:
     return {"draft_tokens": usage.draft_tokens, "accepted_tokens": usage.accepted_tokens}
 
 
-def describe(usage: Any) -> str:
+def describe(usage: Any, timings: Any = None) -> str:
     """One line for -v and /stats."""
+    measured = ""
+    if timings is not None and timings.calibration_ms:
+        measured = (f"; the cost of verifying guesses measured in {timings.calibration_ms:.0f} ms "
+                    "(once for this model and settings)")
     if not usage.draft_tokens:
-        return "speculation: no tokens guessed"
+        return f"speculation: no tokens guessed{measured}"
     share = 100 * usage.accepted_tokens / usage.draft_tokens
     return (f"speculation: {usage.draft_tokens} tokens guessed, {usage.accepted_tokens} accepted "
-            f"({share:.0f}%)")
+            f"({share:.0f}%){measured}")

@@ -41,6 +41,7 @@ class Timings:
     decode_ms: float = 0.0
     ttft_ms: float = 0.0  # from the start of the request to the first sampled token
     prefill_tokens: int = 0  # tokens actually prefilled (prompt minus cached)
+    calibration_ms: float = 0.0  # speculation's one-time cost measurement, before the first token
 
     @property
     def prefill_tps(self) -> float:
@@ -298,9 +299,12 @@ class Session:
             limit = self.n_ctx - len(prompt)
             if params.max_tokens is not None:
                 limit = min(limit, params.max_tokens)
-            if spec is not None and spec.needs_profile and limit > 1:
-                self._calibrate(spec)  # once per model and settings: counted as prefill
             t_prefilled = time.perf_counter()
+            calibration_ms = 0.0
+            if spec is not None and spec.needs_profile and limit > 1:
+                self._calibrate(spec)  # once per model and settings
+                calibration_ms = (time.perf_counter() - t_prefilled) * 1000
+                t_prefilled += calibration_ms / 1000  # decoding starts after it
             stream = TextStream(params.stop)
             generated: list[int] = []
             finish = "length"
@@ -377,10 +381,11 @@ class Session:
             t_end = time.perf_counter()
         timings = Timings(
             load_ms=self.load_ms,
-            prefill_ms=(t_prefilled - t_start) * 1000,
+            prefill_ms=(t_prefilled - t_start) * 1000 - calibration_ms,
             decode_ms=(t_end - t_prefilled) * 1000,
             ttft_ms=(t_first - t_start) * 1000,
             prefill_tokens=len(prompt) - cached,
+            calibration_ms=calibration_ms,
         )
         usage = Usage(len(prompt), cached, len(generated), drafted, accepted)
         yield Completion(stream.text, finish, usage, timings, params.seed,

@@ -286,8 +286,10 @@ class PromptLookup:
 
     def _reset(self) -> None:
         self.history: list[int] = []
-        # per n: n-gram -> {next token: count}, and n-gram -> the position after its latest occurrence
-        self.after: list[dict[tuple[int, ...], dict[int, int]]] = [{} for _ in range(self.n + 1)]
+        # per n: n-gram -> [{next token: count}, the most frequent next token (ties: the latest),
+        # its count, all counts], kept as tokens come so that a lookup costs the same however
+        # many different tokens followed; and n-gram -> the position after its latest occurrence
+        self.after: list[dict[tuple[int, ...], list[Any]]] = [{} for _ in range(self.n + 1)]
         self.latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.n + 1)]
         self._follow: int | None = None  # where the last copy's continuation would be read
 
@@ -304,11 +306,15 @@ class PromptLookup:
             end = len(h)  # the new token follows the n-grams ending before it
             for n in range(1, min(n_max, end) + 1):
                 gram = tuple(h[end - n:end])
-                counts = after[n].get(gram)
-                if counts is None:
-                    after[n][gram] = {token: 1}
+                entry = after[n].get(gram)
+                if entry is None:
+                    after[n][gram] = [{token: 1}, token, 1, 1]
                 else:
-                    counts[token] = counts.get(token, 0) + 1
+                    counts = entry[0]
+                    c = counts[token] = counts.get(token, 0) + 1
+                    entry[3] += 1
+                    if c >= entry[2]:
+                        entry[1], entry[2] = token, c
                 latest[n][gram] = end
             h.append(token)
 
@@ -340,14 +346,10 @@ class PromptLookup:
     def _statistics(self, tail: list[int]) -> tuple[int, Hashable] | None:
         """The likeliest token after `tail` by n-gram statistics, and its key."""
         for n in range(min(self.n, len(tail)), 0, -1):
-            gram = tuple(tail[len(tail) - n:])
-            counts = self.after[n].get(gram)
-            if not counts:
-                continue
-            latest = self.history[self.latest[n][gram]] if self.latest[n][gram] < len(self.history) else None
-            token, top = max(counts.items(), key=lambda kv: (kv[1], kv[0] == latest))
-            total = sum(counts.values())
-            return token, ("ngram", n, _agree_bucket(top, total), min(total, 3))
+            entry = self.after[n].get(tuple(tail[len(tail) - n:]))
+            if entry is not None:
+                _, token, top, total = entry
+                return token, ("ngram", n, _agree_bucket(top, total), min(total, 3))
         return None
 
     def propose(self, k_max: int) -> Proposal | None:
@@ -561,24 +563,32 @@ class Speculator:
 
 
 def measure_batches(measure: Callable[[int], float], max_n: int, budget_s: float) -> dict[int, float]:
-    """Seconds of one decode of n tokens for n = 1 .. max_n: the fastest of two timings of
-    each size, measured in an order that covers the whole range early (1, max_n, the
-    middle, then the gaps between) and stopped once `budget_s` is spent, three sizes at
-    least. The CostModel reads the sizes left out off its line."""
-    order, spans = [1, max_n] if max_n > 1 else [1], [(1, max_n)]
+    """What a step of n tokens costs, in seconds, for n = 1 .. max_n.
+
+    A plain step is a single-token decode in a run of them (a GPU replays those from a
+    CUDA graph, much faster than it launches a batch's kernels). A step of n > 1 is its
+    batch plus what it adds to the single step after it (the graph captured again), so
+    both are timed together. Each size takes the fastest of two tries, in an order that
+    covers the range early (1, max_n, the middle, then the gaps between); measuring
+    stops once `budget_s` is spent, three sizes at least. The CostModel reads the sizes
+    left out off its line."""
+    order, spans = [max_n] if max_n > 1 else [], [(1, max_n)]
     while spans:
         lo, hi = spans.pop(0)
         if hi - lo > 1:
             mid = (lo + hi) // 2
             order.append(mid)
             spans += [(lo, mid), (mid, hi)]
-    best: dict[int, float] = {}
     deadline = time.perf_counter() + budget_s
+    for _ in range(2):  # warm-up
+        measure(1)
+    single = min(measure(1) for _ in range(4))
+    best: dict[int, float] = {1: single}
     for _ in range(2):
         for n in order:
-            if len(best) >= min(3, len(order)) and time.perf_counter() > deadline:
+            if len(best) >= min(3, len(order) + 1) and time.perf_counter() > deadline:
                 return best
-            seconds = measure(n)
+            seconds = measure(n) + max(measure(1) - single, 0.0)
             best[n] = min(best.get(n, seconds), seconds)
     return best
 
