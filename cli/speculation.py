@@ -14,6 +14,7 @@ from typing import Any
 from infer.cli import options as o
 
 PROFILES_KEPT = 64  # model and settings combinations; the oldest are dropped
+PROFILE_METHOD = 2  # how profiles are measured (runtime.speculative.measure_batches): older ones are not used
 
 
 def attach(flags: Mapping[str, Any], session: Any, placed: Any) -> Any:
@@ -67,7 +68,7 @@ def profile_key(session: Any, draft: Any, n_max: int) -> str:
            "host": platform.node(), "threads": [p.n_threads, p.n_threads_batch],
            "gpu_layers": p.n_gpu_layers, "split": list(p.tensor_split), "rpc": list(p.rpc),
            "flash_attn": session.context.flash_attn, "kv": [p.cache_type_k, p.cache_type_v],
-           "n_max": n_max, "llama_cpp": llama_cpp_version()}
+           "n_max": n_max, "llama_cpp": llama_cpp_version(), "method": PROFILE_METHOD}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 

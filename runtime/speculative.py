@@ -442,7 +442,7 @@ class Speculator:
     on every run, though the machine's speed varies from one to the next.
     """
 
-    CALIBRATION_BUDGET_S = 1.5
+    CALIBRATION_BUDGET_S = 1.0
 
     def __init__(self, params: SpecParams, proposer: Proposer | None = None, *,
                  profile: Mapping[str, Any] | None = None,
