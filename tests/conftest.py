@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiny_model import build_llama_gguf, fixtures_dir
@@ -126,3 +129,19 @@ def assert_one_line_error(result: Result, code: int, *fragments: str) -> None:
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def assert_ctrl_c_keeps_the_text(args: list[str], stdin: Any = subprocess.DEVNULL, wait: float = 0.3) -> None:
+    """Run `infer ARGS`, press Ctrl-C once its text has started: exit 130, the text so far on
+    stdout, one line on stderr."""
+    proc = subprocess.Popen([*CLI, *args], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=os.environ.copy())
+    assert proc.stdout is not None
+    first = proc.stdout.read(1)  # generation has started
+    assert first
+    time.sleep(wait)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert len(first + rest) > 1
+    assert err.decode().strip().splitlines() == ["infer: interrupted"]

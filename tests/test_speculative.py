@@ -4,15 +4,11 @@ model (SmolLM2-135M) against decoding without speculation."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import CLI, assert_one_line_error, run_cli
+from conftest import assert_ctrl_c_keeps_the_text, assert_one_line_error, run_cli
 from real_model import assert_same_or_rounding
 
 from infer.runtime.llama import Context, Model
@@ -370,19 +366,9 @@ def test_ctrl_c_while_speculating_exits_130_with_the_text_so_far(smollm2, infer_
     source = tmp_path / "doc.txt"
     source.write_text(DOC)
     with source.open("rb") as stdin:
-        proc = subprocess.Popen([*CLI, "run", str(smollm2), "Repeat this text exactly, ten times.",
-                                 "--ignore-eos", "--temp", "0", "-t", "2", "--spec-draft-n-min", "4"],
-                                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=os.environ.copy())
-    assert proc.stdout is not None
-    first = proc.stdout.read(1)
-    assert first
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err.decode()
-    assert len(first + rest) > 1
-    assert err.decode().strip().splitlines() == ["infer: interrupted"]
+        assert_ctrl_c_keeps_the_text(["run", str(smollm2), "Repeat this text exactly, ten times.",
+                                      "--ignore-eos", "--temp", "0", "-t", "2", "--spec-draft-n-min", "4"],
+                                     stdin=stdin, wait=0.5)
 
 
 # -- in the scheduler (infer batch) -----------------------------------------------------------
