@@ -43,6 +43,9 @@ def attach(flags: Mapping[str, Any], session: Any, placed: Any) -> Any:
             draft_session.close()
             raise
         draft = DraftModel(draft_session, params.p_min)
+    if params.fixed:  # a fixed length weighs no costs: no profile to read or measure
+        session.speculator = Speculator(params, draft)
+        return session.speculator
     key = profile_key(session, draft.session if draft is not None else None, params.n_max)
     session.speculator = Speculator(params, draft, profile=load_profile(key),
                                     on_measured=lambda profile: save_profile(key, profile))

@@ -32,7 +32,7 @@ from typing import Any
 from infer.runtime.errors import InferError
 from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.sampling import SamplingParams, build_sampler_chain
-from infer.runtime.session import Completion, Timings, Usage, common_prefix_len
+from infer.runtime.session import Completion, Timings, Usage, common_prefix_len, take_token
 from infer.runtime.speculative import CostModel, SpecParams, Speculator, verify
 from infer.runtime.textstream import TextStream
 
@@ -98,13 +98,11 @@ class Scheduler:
             raise ValueError("the scheduler speculates with prompt lookup only")
         self.model, self.context = model, context
         self.batch = Batch(context.n_batch)
-        speculate = speculation is not None and speculation.enabled
         self.costs = CostModel(self.batch.capacity)  # steps of generating slots only
-        self.slots = [_Slot(seq_id, Speculator(speculation) if speculate and speculation else None)
+        self.slots = [_Slot(seq_id, Speculator(speculation) if speculation and speculation.enabled else None)
                       for seq_id in range(1, parallel + 1)]
-        if speculate:  # one acceptance for all: the requests of a batch are usually alike
-            for slot in self.slots[1:]:
-                assert slot.spec is not None and self.slots[0].spec is not None
+        for slot in self.slots:  # one acceptance for all: the requests of a batch are usually alike
+            if slot.spec is not None and self.slots[0].spec is not None:
                 slot.spec.acceptance = self.slots[0].spec.acceptance
         self.prefix = list(shared_prefix)
         if context.kv_unified:  # the prefix's cells are shared; the rest is split evenly
@@ -295,13 +293,7 @@ class Scheduler:
 
     def _emit(self, slot: _Slot, token: int) -> str | None:
         """Take one sampled token; why the request ends if it does."""
-        if self.model.is_eog(token) and not slot.params.ignore_eos:
-            return "eos"
-        slot.generated.append(token)
-        slot.stream.feed(self.model.token_bytes(token))
-        if slot.stream.stopped_by is not None:
-            return "stop"
-        return "length" if len(slot.generated) >= slot.limit else None
+        return take_token(self.model, slot.params, slot.stream, slot.generated, slot.limit, token)[1]
 
     def _finish(self, slot: _Slot, finish: str) -> Outcome:
         request = slot.request

@@ -12,6 +12,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from infer.runtime.errors import ContextOverflowError
 from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.params import ContextParams
 from infer.runtime.sampling import SamplingParams, build_sampler_chain
-from infer.runtime.speculative import Speculator, verify
+from infer.runtime.speculative import DraftModel, Speculator, verify
 from infer.runtime.textstream import TextStream
 
 SEQ_ID = 0
@@ -98,6 +99,20 @@ def content_digest(path: Path) -> str:
             h.update(f.read(_DIGEST_ENDS))
         _DIGESTS[key] = h.hexdigest()
     return _DIGESTS[key]
+
+
+def take_token(model: Model, params: SamplingParams, stream: TextStream, generated: list[int],
+               limit: int, token: int) -> tuple[str, str | None]:
+    """Take one sampled token into `generated` and `stream`: the text it makes final, and why
+    generation ends with it ("eos", "stop", "length") if it does. An end-of-generation
+    token ends it without being kept (unless `ignore_eos`)."""
+    if model.is_eog(token) and not params.ignore_eos:
+        return "", "eos"
+    generated.append(token)
+    text = stream.feed(model.token_bytes(token))
+    if stream.stopped_by is not None:
+        return text, "stop"
+    return text, "length" if len(generated) >= limit else None
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -269,8 +284,6 @@ class Session:
     def _calibrate(self, spec: Speculator) -> None:
         """Measure the speculator's costs here, after the prompt (a depth like the ones it will
         verify at), then compute the last token's logits again for the first sample."""
-        from infer.runtime.speculative import DraftModel
-
         draft = spec.proposer.session if isinstance(spec.proposer, DraftModel) else None
         spec.calibrate(self.time_decode, self.n_ctx - len(self.tokens),
                        (lambda: draft.time_decode(1)) if draft is not None else None)
@@ -300,25 +313,14 @@ class Session:
             if params.max_tokens is not None:
                 limit = min(limit, params.max_tokens)
             t_prefilled = time.perf_counter()
-            calibration_ms = 0.0
-            if spec is not None and spec.needs_profile and limit > 1:
+            calibrating = spec is not None and spec.needs_profile and limit > 1
+            if spec is not None and calibrating:
                 self._calibrate(spec)  # once per model and settings
-                calibration_ms = (time.perf_counter() - t_prefilled) * 1000
-                t_prefilled += calibration_ms / 1000  # decoding starts after it
+            t_decoding = time.perf_counter()
             stream = TextStream(params.stop)
             generated: list[int] = []
             finish = "length"
-            model, token_bytes = self.model, self.model.token_bytes
-
-            def emit(token: int) -> tuple[str, str | None]:
-                """Take one sampled token: the text now final, and why generation ends if it does."""
-                if model.is_eog(token) and not params.ignore_eos:
-                    return "", "eos"
-                generated.append(token)
-                text = stream.feed(token_bytes(token))
-                if stream.stopped_by is not None:
-                    return text, "stop"
-                return text, "length" if len(generated) >= limit else None
+            emit = partial(take_token, self.model, params, stream, generated, limit)
 
             pieces: list[str] = []  # the text of a run of accepted guesses
             endings: list[str] = []
@@ -381,11 +383,11 @@ class Session:
             t_end = time.perf_counter()
         timings = Timings(
             load_ms=self.load_ms,
-            prefill_ms=(t_prefilled - t_start) * 1000 - calibration_ms,
-            decode_ms=(t_end - t_prefilled) * 1000,
+            prefill_ms=(t_prefilled - t_start) * 1000,
+            decode_ms=(t_end - t_decoding) * 1000,
             ttft_ms=(t_first - t_start) * 1000,
             prefill_tokens=len(prompt) - cached,
-            calibration_ms=calibration_ms,
+            calibration_ms=(t_decoding - t_prefilled) * 1000 if calibrating else 0.0,
         )
         usage = Usage(len(prompt), cached, len(generated), drafted, accepted)
         yield Completion(stream.text, finish, usage, timings, params.seed,

@@ -20,7 +20,6 @@ proposed and the step is a plain decode.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -120,6 +119,8 @@ class CostModel:
                 slope = one * self.PRIOR_SLOPE
                 self._line = (t - slope * (n - 2), slope)
             else:
+                import statistics  # not at start-up: fractions and decimal cost ~7 ms of every run
+
                 slope = max(statistics.median(  # Siegel's repeated median
                     statistics.median((t2 - t1) / (n2 - n1) for n2, t2 in points if n2 != n1)
                     for n1, t1 in points), 0.0)
@@ -360,18 +361,20 @@ class PromptLookup:
         tail = h[max(end - self.n, 0):]
         tokens: list[int] = []
         keys: list[Hashable] = []
+
+        def copied(at: int) -> int:  # the copy may run into its own continuation (a loop)
+            return h[at] if at < end else tokens[at - end]
+
         for j in range(k_max):
             if source is not None and m + j >= self.COPY_MIN:
-                at = source + j  # the copy may run into its own continuation (a loop)
-                token = h[at] if at < end else tokens[at - end]
+                token = copied(source + j)
                 key: Hashable = ("copy", _copy_bucket(m + j))
             else:
                 found = self._statistics(tail)
                 if found is None:
                     break
                 token, key = found
-                at = source + j if source is not None else -1
-                if source is not None and token != (h[at] if at < end else tokens[at - end]):
+                if source is not None and token != copied(source + j):
                     source = None  # the statistics left the copy
             tokens.append(token)
             keys.append(key)
@@ -464,10 +467,6 @@ class Speculator:
             self.proposer.session.close()
 
     @property
-    def kind(self) -> str:
-        return "draft" if isinstance(self.proposer, DraftModel) else "ngram"
-
-    @property
     def needs_profile(self) -> bool:
         """Whether `calibrate` must run before the first proposal (a fixed length weighs no costs)."""
         return self.profile is None and not self.params.fixed
@@ -529,8 +528,7 @@ class Speculator:
             # a draft model: its own probabilities, calibrated by how often they came true
             calib = self.draft_rate[0] / self.draft_rate[1]
             rates = [min(p * calib, 0.999) for p in self.proposer.confidence[:k]]
-            k = best_length(rates, [cost_of(n) + self.draft_step * n for n in range(k + 1)],
-                            self.params.n_min, share)
+            k = best_length(rates, self._draft_costs(cost_of, k), self.params.n_min, share)
         if k == 0:
             self._last = None
             return []
@@ -546,9 +544,13 @@ class Speculator:
         if self.params.fixed:
             return k_max
         rate = self.draft_rate[0] / self.draft_rate[1]
-        k = best_length([min(rate, 0.999)] * k_max,
-                        [cost_of(n) + self.draft_step * n for n in range(k_max + 1)], 0, share)
+        k = best_length([min(rate, 0.999)] * k_max, self._draft_costs(cost_of, k_max), 0, share)
         return max(k, 1)
+
+    def _draft_costs(self, cost_of: Callable[[int], float], k_max: int) -> list[float]:
+        """The cost of a step with k = 0 .. k_max guesses of the draft model: verifying them
+        and drafting them."""
+        return [cost_of(n) + self.draft_step * n for n in range(k_max + 1)]
 
     def verified(self, proposed: int, accepted: int, emitted: int) -> None:
         """The outcome of the last proposal: `accepted` of `proposed` guesses were right and
