@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own tools (llama-bench, llama-completion, llama-batched-bench, llama-lookup,
-# llama-speculative-simple) from the llama-cpp-python
+# llama-speculative-simple, llama-server) from the llama-cpp-python
 # source distribution of the installed version, into ../.bench/ (ignored by git).
 # Usage: benchmarks/build_llama_tools.sh   -> prints the folder holding the binaries.
 set -euo pipefail
@@ -13,7 +13,10 @@ if [ ! -d "$out/src/llama_cpp_python-$version" ]; then
   tar -xzf "$out/src/llama_cpp_python-$version.tar.gz" -C "$out/src"
 fi
 src="$out/src/llama_cpp_python-$version/vendor/llama.cpp"
+# LLAMA_USE_PREBUILT_UI=OFF: llama-server without its web UI (the default downloads it from
+# Hugging Face at build time; the benchmarks only use its HTTP API).
 cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF >&2
-cmake --build "$out/build" -j "$(nproc)" --target llama-bench llama-completion llama-batched-bench llama-lookup llama-speculative-simple >&2
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2
+cmake --build "$out/build" -j "$(nproc)" --target llama-bench llama-completion llama-batched-bench llama-lookup llama-speculative-simple \
+  llama-server >&2
 echo "$out/build/bin"

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "quantize": ("infer.cli.quantize", "quantize", True),
     "bench": ("infer.cli.bench", "bench", True),
     "batch": ("infer.cli.batch", "batch", True),
+    "serve": ("infer.cli.serve", "serve", False),
     "doctor": ("infer.cli.doctor", "doctor", False),
     "worker": ("infer.cli.worker", "worker", False),
     "cache": ("infer.cli.prompt_cache", "cache_app", False),

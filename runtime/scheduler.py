@@ -19,12 +19,18 @@ its next token, verified with its own chain as ``Session.generate`` does. The
 draft length weighs what the guesses are expected to add to the step's output
 (one token per generating slot) against what the larger batch costs, as measured
 on this run's steps: with many slots a step is already wide and guesses rarely pay.
+
+Two ways to drive it: ``run(requests)`` for a list known in advance (``infer batch``),
+or ``add`` and ``step`` for requests that arrive while others run (``runtime.engine``,
+behind ``infer serve``). With ``keep_cache`` a finished slot keeps its KV cells, and a
+new request goes to the slot holding the longest common prefix of its tokens, or has
+that prefix copied from another slot (a conversation sent again with one more
+message prefills only that message; the ``n`` choices of a request prefill once).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,14 +42,37 @@ from infer.runtime.session import Completion, Timings, Usage, common_prefix_len,
 from infer.runtime.speculative import CostModel, SpecParams, Speculator, verify
 from infer.runtime.textstream import TextStream
 
-PREFIX_SEQ = 0  # the shared prefix's own sequence; slots are sequences 1..parallel
+PREFIX_SEQ = 0  # the shared prefix's own sequence; slots are then sequences 1..parallel
+MIN_COPY = 16  # a prefix held by another slot is copied when it saves at least this many tokens
 
 
 @dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the model (before sampling's transforms),
+    and the most likely alternatives at its position."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Delta:
+    """What one step added to a request: final text, the tokens taken, their logprobs if asked."""
+
+    text: str
+    tokens: list[int]
+    logprobs: list[TokenLogprob]
+
+
+@dataclass(eq=False)
 class Request:
     key: Any  # the caller's name for it (a line number, an id)
     tokens: list[int]
     params: SamplingParams
+    logprobs: int | None = None  # None: none; N: each token's logprob and the N most likely
+    on_delta: Callable[[Delta], None] | None = None  # called on the scheduler's thread
+    cancelled: bool = False  # set from any thread: the request ends at the next step
 
 
 @dataclass
@@ -51,6 +80,7 @@ class Outcome:
     key: Any
     completion: Completion | None = None
     error: str | None = None
+    request: Request | None = None  # the request it ends
 
 
 class _Slot:
@@ -60,6 +90,8 @@ class _Slot:
         self.seq_id = seq_id
         self.request: Request | None = None
         self.spec = spec  # kept from request to request: what it learned carries over
+        self.cache: list[int] = []  # while free: the tokens its KV cells hold (keep_cache)
+        self.used = 0.0  # when its last request ended, to reuse the oldest cache first
 
     def start(self, request: Request, params: SamplingParams, chain: Any, cached: int, limit: int) -> None:
         self.request, self.params, self.chain = request, params, chain
@@ -81,6 +113,12 @@ class _Slot:
     def prefilling(self) -> bool:
         return self.request is not None and self.n_past < len(self.request.tokens)
 
+    def decoded(self) -> list[int]:
+        """The tokens at positions [0, n) of its sequence in the KV cache."""
+        if self.request is None:
+            return self.cache
+        return (self.request.tokens + self.generated)[:self.n_past]
+
 
 class Scheduler:
     """Runs requests `parallel` at a time in `context` (which needs n_seq_max >= parallel + 1).
@@ -91,16 +129,21 @@ class Scheduler:
     """
 
     def __init__(self, model: Model, context: Context, *, parallel: int,
-                 shared_prefix: Sequence[int] = (), speculation: SpecParams | None = None) -> None:
+                 shared_prefix: Sequence[int] = (), speculation: SpecParams | None = None,
+                 keep_cache: bool = False) -> None:
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         if speculation is not None and speculation.type == "draft":
             raise ValueError("the scheduler speculates with prompt lookup only")
+        if keep_cache and shared_prefix:
+            raise ValueError("keep_cache finds shared prefixes itself")
         self.model, self.context = model, context
+        self.keep_cache = keep_cache
         self.batch = Batch(context.n_batch)
         self.costs = CostModel(self.batch.capacity)  # steps of generating slots only
+        first = 1 if shared_prefix else 0  # sequence 0 holds the shared prefix
         self.slots = [_Slot(seq_id, Speculator(speculation) if speculation and speculation.enabled else None)
-                      for seq_id in range(1, parallel + 1)]
+                      for seq_id in range(first, parallel + first)]
         for slot in self.slots:  # one acceptance for all: the requests of a batch are usually alike
             if slot.spec is not None and self.slots[0].spec is not None:
                 slot.spec.acceptance = self.slots[0].spec.acceptance
@@ -110,53 +153,86 @@ class Scheduler:
         else:  # each sequence's stream holds its own copy of the prefix
             self.slot_cells = context.n_ctx_seq - len(self.prefix)
         self.prefilled_tokens = 0  # every prompt token decoded, the shared prefix included
-
-    def close(self) -> None:
-        self.batch.close()
-
-    def run(self, requests: Iterable[Request],
-            on_logits: Callable[[Any, int, Any], None] | None = None) -> Iterator[Outcome]:
-        """Yield each request's outcome as soon as it is done (not in input order).
-
-        `on_logits(key, step, logits)` sees every logits vector a request samples from
-        (step 0 is the first generated token): for tests.
-        """
+        self.reused_tokens = 0  # prompt tokens found in the KV cache (shared prefix, kept or copied)
+        # `on_logits(key, step, logits)` sees every logits vector a request samples from
+        # (step 0 is the first generated token): for tests.
+        self.on_logits: Callable[[Any, int, Any], None] | None = None
         self.context.memory_clear()
         if self.prefix:
             self._prefill_prefix()
-        try:
-            yield from self._loop(iter(requests), on_logits)
-        finally:  # also when the caller stops early (Ctrl-C): free what the running requests hold
-            for slot in self.slots:
-                if slot.request is not None:
-                    slot.chain.close()
-                    slot.request = None
 
-    def _loop(self, waiting: Iterator[Request],
-              on_logits: Callable[[Any, int, Any], None] | None) -> Iterator[Outcome]:
-        queued: deque[Outcome] = deque()
+    def close(self) -> None:
+        self.abort()
+        self.batch.close()
+
+    @property
+    def free_slots(self) -> int:
+        return sum(slot.request is None for slot in self.slots)
+
+    @property
+    def running(self) -> int:
+        return len(self.slots) - self.free_slots
+
+    @property
+    def cells_used(self) -> int:
+        """KV cells holding tokens: the running requests', the kept caches' and the prefix's."""
+        return len(self.prefix) + sum(slot.n_past if slot.request else len(slot.cache) for slot in self.slots)
+
+    def run(self, requests: Iterable[Request],
+            on_logits: Callable[[Any, int, Any], None] | None = None) -> Iterator[Outcome]:
+        """Yield each request's outcome as soon as it is done (not in input order)."""
+        self.on_logits = on_logits
+        waiting = iter(requests)
         exhausted = False
-        while True:
-            for slot in self.slots:
-                while slot.request is None and not exhausted:
+        try:
+            while True:
+                while self.free_slots and not exhausted:
                     request = next(waiting, None)
                     if request is None:
                         exhausted = True
                     else:
-                        error = self._assign(slot, request)
+                        error = self.add(request)
                         if error is not None:
-                            queued.append(error)
-            while queued:
-                yield queued.popleft()
-            active = [s for s in self.slots if s.request is not None]
-            if not active:
-                return
-            self._step(active)
-            for slot in active:
-                if slot.logits_index is not None:
-                    done = self._sample(slot, on_logits)
-                    if done is not None:
-                        yield done
+                            yield error
+                if not self.running:
+                    return
+                yield from self.step()
+        finally:  # also when the caller stops early (Ctrl-C): free what the running requests hold
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the running requests (their outcomes are not reported)."""
+        for slot in self.slots:
+            if slot.request is not None:
+                slot.chain.close()
+                slot.request = None
+                slot.cache = []
+                self.context.memory_seq_rm(slot.seq_id, 0, -1)
+
+    def waits_for_prefill(self, tokens: Sequence[int]) -> bool:
+        """Whether a request for `tokens` had better wait: a running slot is prefilling a
+        longer prefix of them than any sequence holds now (the choices of one prompt)."""
+        if not self.keep_cache:
+            return False
+        held = max((common_prefix_len(s.decoded(), tokens) for s in self.slots), default=0)
+        return any(s.prefilling and s.request is not None
+                   and common_prefix_len(s.request.tokens, tokens) >= held + MIN_COPY for s in self.slots)
+
+    def step(self) -> list[Outcome]:
+        """One decode for every running request: the outcomes of those that ended (cancelled
+        ones included, with finish reason "cancelled")."""
+        ended = [self._finish(s, "cancelled") for s in self.slots
+                 if s.request is not None and s.request.cancelled]
+        active = [s for s in self.slots if s.request is not None]
+        if not active:
+            return ended
+        self._step(active)
+        for slot in active:
+            if slot.logits_index is not None:
+                done = self._sample(slot)
+                if done is not None:
+                    ended.append(done)
+        return ended
 
     def _prefill_prefix(self) -> None:
         n_batch = self.batch.capacity
@@ -167,36 +243,71 @@ class Scheduler:
             self.context.decode(self.batch)
         self.prefilled_tokens += len(self.prefix)
 
-    def _assign(self, slot: _Slot, request: Request) -> Outcome | None:
-        """Give `request` to `slot`; an Outcome with an error if it cannot run."""
+    def fit_error(self, n_tokens: int, max_tokens: int | None) -> str | None:
+        """Why a prompt of `n_tokens` (beyond the shared prefix) with this token limit cannot
+        run here; None if it can."""
+        room = self.slot_cells - n_tokens
+        if room < 1 or (max_tokens is not None and max_tokens > room):
+            return (f"the prompt needs {n_tokens + (max_tokens or 1)} tokens of context with its token "
+                    f"limit but each of the {len(self.slots)} parallel slots has {self.slot_cells} "
+                    "(raise -c or lower --parallel)")
+        return None
+
+    def add(self, request: Request) -> Outcome | None:
+        """Start `request` in a free slot (there must be one); an Outcome with an error if it
+        cannot run."""
         tokens = request.tokens
         if not tokens:
-            return Outcome(request.key, error="the prompt is empty")
-        shared = common_prefix_len(tokens, self.prefix) if self.prefix else 0
-        if shared == len(tokens):
-            shared -= 1  # the last prompt token is decoded in the slot, for its logits
-        own = len(tokens) - shared
+            return Outcome(request.key, error="the prompt is empty", request=request)
+        own = len(tokens) - min(common_prefix_len(tokens, self.prefix), len(tokens) - 1)
         max_tokens = request.params.max_tokens
+        error = self.fit_error(own, max_tokens)
+        if error is not None:
+            return Outcome(request.key, error=error, request=request)
         room = self.slot_cells - own
-        if room < 1 or (max_tokens is not None and max_tokens > room):
-            wanted = own + (max_tokens or 1)
-            return Outcome(request.key, error=(
-                f"the prompt needs {wanted} tokens of context with its token limit but each of the "
-                f"{len(self.slots)} parallel slots has {self.slot_cells} (raise -c or lower --parallel)"))
+        slot, donor, shared = self._place(tokens)
+        shared = min(shared, len(tokens) - 1)  # the last prompt token is decoded in the slot, for its logits
         try:
             params = request.params.with_seed()
             chain = build_sampler_chain(params, self.model)
         except InferError as e:
-            return Outcome(request.key, error=str(e))
-        self.context.memory_seq_rm(slot.seq_id, 0, -1)
-        if shared and self.context.kv_unified:
-            self.context.memory_seq_cp(PREFIX_SEQ, slot.seq_id, 0, shared)
-        elif shared:  # across streams llama.cpp copies whole sequences only
-            self.context.memory_seq_cp(PREFIX_SEQ, slot.seq_id, 0, -1)
-            if shared < len(self.prefix):
-                self.context.memory_seq_rm(slot.seq_id, shared, -1)
+            return Outcome(request.key, error=str(e), request=request)
+        if donor is None:  # its own cells: keep the shared part, drop the rest
+            self.context.memory_seq_rm(slot.seq_id, shared, -1)
+        elif self.context.kv_unified:
+            self.context.memory_seq_rm(slot.seq_id, 0, -1)
+            self.context.memory_seq_cp(donor, slot.seq_id, 0, shared)
+        else:  # across streams llama.cpp copies whole sequences only
+            self.context.memory_seq_cp(donor, slot.seq_id, 0, -1)
+            self.context.memory_seq_rm(slot.seq_id, shared, -1)
+        self.reused_tokens += shared
+        slot.cache = []
         slot.start(request, params, chain, shared, room if max_tokens is None else max_tokens)
         return None
+
+    def _place(self, tokens: Sequence[int]) -> tuple[_Slot, int | None, int]:
+        """The free slot for `tokens`, the sequence to copy a prefix from (None: the slot's own
+        cells), and how many tokens are already there."""
+        free = [s for s in self.slots if s.request is None]
+        if self.prefix:
+            return free[0], PREFIX_SEQ, common_prefix_len(tokens, self.prefix)
+        if not self.keep_cache:
+            return free[0], None, 0
+        # Its own cache if it holds the longest prefix; the oldest cache is the one to give up.
+        slot = max(free, key=lambda s: (common_prefix_len(s.cache, tokens), -s.used))
+        own = common_prefix_len(slot.cache, tokens)
+        donor, best = None, own
+        for other in self.slots:
+            n = common_prefix_len(other.decoded(), tokens)
+            if other is not slot and n >= best + MIN_COPY:
+                donor, best = other, n
+        if donor is None:
+            return slot, None, own
+        spare = [s for s in free if s is not donor]
+        if not spare:  # the donor is the only free slot: it keeps what it holds
+            return donor, None, best
+        slot = min(spare, key=lambda s: (common_prefix_len(s.cache, tokens), s.used))
+        return slot, donor.seq_id, best
 
     def _step(self, active: list[_Slot]) -> None:
         """One decode: the next token of each generating slot (and its guesses), then prefill
@@ -254,21 +365,24 @@ class Scheduler:
 
         return spec.propose(room, cost_of, share=1.0 / generating)
 
-    def _sample(self, slot: _Slot, on_logits: Callable[[Any, int, Any], None] | None) -> Outcome | None:
+    def _sample(self, slot: _Slot) -> Outcome | None:
         """Sample the slot's next token (and check its guesses); its Outcome when the request is done."""
         request = slot.request
         assert request is not None and slot.logits_index is not None
         base = slot.logits_index
+        on_logits = self.on_logits
 
         def seen(index: int) -> None:
             if on_logits is not None:
                 on_logits(request.key, len(slot.generated), self.context.logits(index))
 
         guesses, slot.guesses = slot.guesses, []
+        taken_before = len(slot.generated)
+        texts: list[str] = []
         endings: list[str] = []
 
         def take(token: int) -> bool:
-            ended = self._emit(slot, token)
+            ended = self._emit(slot, token, texts)
             if ended is not None:
                 endings.append(ended)
             return ended is not None
@@ -285,20 +399,40 @@ class Scheduler:
             # The cache keeps the pending token and the right guesses: `after` follows them.
             slot.n_past -= len(guesses) - right
             self.context.memory_seq_rm(slot.seq_id, slot.n_past, -1)
-        finish = endings[-1] if after is None else self._emit(slot, after)
+        finish = endings[-1] if after is None else self._emit(slot, after, texts)
+        self._tell(slot, base, taken_before, "".join(texts))
         if finish is None:
             slot.next_token = after
             return None
         return self._finish(slot, finish)
 
-    def _emit(self, slot: _Slot, token: int) -> str | None:
+    def _tell(self, slot: _Slot, base: int, taken_before: int, text: str) -> None:
+        """Hand the request what this step added (tokens taken from output `base` on)."""
+        request = slot.request
+        assert request is not None
+        if request.on_delta is None:
+            return
+        tokens = slot.generated[taken_before:]
+        logprobs = []
+        if request.logprobs is not None:
+            logprobs = [token_logprob(self.context.logits(base + i), token, request.logprobs)
+                        for i, token in enumerate(tokens)]
+        if text or tokens:
+            request.on_delta(Delta(text, tokens, logprobs))
+
+    def _emit(self, slot: _Slot, token: int, texts: list[str]) -> str | None:
         """Take one sampled token; why the request ends if it does."""
-        return take_token(self.model, slot.params, slot.stream, slot.generated, slot.limit, token)[1]
+        text, finish = take_token(self.model, slot.params, slot.stream, slot.generated, slot.limit, token)
+        if text:
+            texts.append(text)
+        return finish
 
     def _finish(self, slot: _Slot, finish: str) -> Outcome:
         request = slot.request
         assert request is not None
-        slot.stream.finish()
+        rest = slot.stream.finish()
+        if rest and request.on_delta is not None:
+            request.on_delta(Delta(rest, [], []))
         t_end = time.perf_counter()
         timings = Timings(prefill_ms=(slot.t_prefilled - slot.t_start) * 1000,
                           decode_ms=(t_end - slot.t_prefilled) * 1000,
@@ -308,6 +442,26 @@ class Scheduler:
         completion = Completion(slot.stream.text, finish, usage, timings, slot.params.seed,
                                 slot.stream.stopped_by if finish == "stop" else None, slot.generated)
         slot.chain.close()
+        if self.keep_cache:  # what its cells hold stays for the next request with this prefix
+            kept = min(slot.n_past, len(request.tokens) + len(slot.generated))
+            slot.cache = (request.tokens + slot.generated)[:kept]
+            self.context.memory_seq_rm(slot.seq_id, kept, -1)
+        else:
+            self.context.memory_seq_rm(slot.seq_id, 0, -1)
         slot.request = None
-        self.context.memory_seq_rm(slot.seq_id, 0, -1)
-        return Outcome(request.key, completion)
+        slot.used = t_end
+        return Outcome(request.key, completion, request=request)
+
+
+def token_logprob(logits: Any, token: int, top: int) -> TokenLogprob:
+    """The log-probability of `token` under `logits` (a log-softmax), and the `top` likeliest."""
+    import numpy as np
+
+    shifted = logits.astype(np.float64) - float(logits.max())
+    logp = shifted - np.log(np.exp(shifted).sum())
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        ids = np.argpartition(-logp, top)[:top]
+        ids = ids[np.argsort(-logp[ids], kind="stable")]
+        best = [(int(i), float(logp[i])) for i in ids]
+    return TokenLogprob(token, float(logp[token]), best)

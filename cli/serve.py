@@ -1,0 +1,180 @@
+"""`infer serve [MODEL]`: an OpenAI-compatible server whose requests share one continuous batch.
+
+The command only gathers settings, checks them, binds the port and runs the server
+(`infer.server`); it hands the server a function that turns a requested name into a
+loaded model, the way `infer run` would find and place it, but never downloading.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from infer.cli import options as o
+from infer.cli.errors import shielded
+from infer.runtime.errors import UsageError
+
+SERVER = "Server"
+
+
+@o.model_command(
+    ("model", Annotated[str | None, typer.Argument(
+        help="The model served when a request names none (loaded at start). Requests may name any "
+             "model already on this machine.", show_default=False)], None),
+    ("host", Annotated[str, typer.Option("--host", help="Address to listen on.", rich_help_panel=SERVER)],
+     "127.0.0.1"),
+    ("port", Annotated[int, typer.Option("--port", help="Port to listen on.", rich_help_panel=SERVER)], 8080),
+    ("parallel", Annotated[int | None, typer.Option(
+        "-np", "--parallel", help="Requests decoded together per model (default: from the model's size).",
+        show_default=False, rich_help_panel=SERVER)], None),
+    ("api_key", Annotated[str | None, typer.Option(
+        "--api-key", help="Require 'Authorization: Bearer KEY' (not for /health).", rich_help_panel=SERVER)],
+     None),
+    ("api_key_file", Annotated[Path | None, typer.Option(
+        "--api-key-file", help="Read the API key from this file.", rich_help_panel=SERVER)], None),
+    ("max_models", Annotated[int, typer.Option(
+        "--max-models", help="Models held in memory at once (least recently used unloaded first).",
+        rich_help_panel=SERVER)], 1),
+    ("keep_alive", Annotated[str, typer.Option(
+        "--keep-alive", help="Unload a model idle this long (e.g. 30s, 5m, 1h; -1: never).",
+        rich_help_panel=SERVER)], "5m"),
+    ("queue", Annotated[int, typer.Option(
+        "--queue", help="Requests that may wait for a slot; more get 503 with Retry-After.",
+        rich_help_panel=SERVER)], 256),
+    ("chat_template_file", Annotated[Path | None, typer.Option(
+        "--chat-template-file", help="A Jinja chat template to use instead of the models' own.",
+        rich_help_panel=SERVER)], None),
+)
+def serve(ctx: typer.Context, **flags: Any) -> None:
+    """Serve models over OpenAI's API (chat and completions), many requests decoded together."""
+    shielded(execute, ctx.params)
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in '30s', '5m', '1h', '90' (seconds); None for a negative value (never)."""
+    match = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
+    if match is None:
+        raise UsageError(f"--keep-alive {text!r}: give a duration such as 30s, 5m or 1h (-1: never)")
+    value = float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+    return None if value < 0 else value
+
+
+def execute(flags: Mapping[str, Any]) -> None:
+    from infer.runtime.sampling import SamplingParams
+
+    if flags["verbose"]:
+        o.log_to_stderr()
+    if flags["parallel"] is not None and not 1 <= flags["parallel"] <= 256:
+        raise UsageError("--parallel must be between 1 and 256")
+    if flags["max_models"] < 1:
+        raise UsageError("--max-models must be at least 1")
+    if flags["queue"] < 0:
+        raise UsageError("--queue must be at least 0")
+    if not 0 <= flags["port"] <= 65535:
+        raise UsageError(f"--port {flags['port']}: not a port number")
+    keep_alive = parse_duration(flags["keep_alive"])
+    overrides = o.sampling_overrides(flags)
+    SamplingParams.resolve({}, overrides)  # bad values fail before anything loads
+    o.context_params(flags)
+    speculation = o.spec_params(flags)
+    if speculation.type == "draft":
+        raise UsageError("infer serve speculates with prompt lookup only (-md/--model-draft is for infer run "
+                         "and infer chat)")
+    api_key = _api_key(flags)
+    template = None
+    if flags["chat_template_file"] is not None:
+        template = o.read_text_file(flags["chat_template_file"], "chat template file")
+    if flags["model"] is not None:  # a bad default model fails now, with its exit code
+        o.resolve({**flags, "offline": True})
+    if flags["explain"]:
+        raise UsageError("--explain is for infer run, chat and batch")
+    sock = _bind(flags["host"], flags["port"])
+
+    from infer.server.app import Config
+    from infer.server.run import serve_forever
+
+    if api_key is None and not _is_loopback(flags["host"]):
+        sys.stderr.write(f"infer: warning: listening on {flags['host']} without an API key: anyone who can "
+                         "reach this port can use the models (give --api-key or --api-key-file)\n")
+    config = Config(api_key=api_key, sampling=tuple(overrides.items()), chat_template=template)
+    host, port = sock.getsockname()[:2]
+    sys.stderr.write(f"infer: serving on http://{_url_host(host)}:{port}/v1 (Ctrl-C stops)\n")
+    sys.stderr.flush()
+    serve_forever(sock, lambda name: _open_model(flags, name), default=flags["model"], listing=_local_names,
+                  config=config, max_models=flags["max_models"], keep_alive_s=keep_alive,
+                  max_waiting=flags["queue"], speculation=speculation, verbose=flags["verbose"])
+
+
+def _api_key(flags: Mapping[str, Any]) -> str | None:
+    if flags["api_key"] is not None and flags["api_key_file"] is not None:
+        raise UsageError("give --api-key or --api-key-file, not both")
+    key = flags["api_key"]
+    if flags["api_key_file"] is not None:
+        key = o.read_text_file(flags["api_key_file"], "API key file").strip()
+    if key is not None and (not key or any(c.isspace() for c in key)):
+        raise UsageError("the API key must be non-empty and contain no spaces")
+    return key
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now so that a port in use is a one-line error."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _local_names() -> list[str]:
+    """The models on this machine, by the names a request can use."""
+    from infer.quant.store import cached_models, embedded_models
+
+    names = []
+    for m in embedded_models() + cached_models():
+        names.append(m.alias or (f"{m.repo}:{m.quant}" if m.quant else m.repo))
+    return names
+
+
+def _open_model(flags: Mapping[str, Any], name: str) -> Any:
+    """Load `name` for serving as `infer run` would find and place it (never downloading)."""
+    from infer.cli.batch import SLOT_CONTEXT, default_parallel
+    from infer.cli.placement import model_layout, place
+    from infer.quant.registry import resolve_model
+    from infer.runtime.llama import Model
+    from infer.server.models import Opened
+
+    resolved = resolve_model(name, offline=True)
+    cparams = o.model_context_params(flags, resolved.entry)
+    layout = model_layout(resolved.path)
+    parallel = flags["parallel"] or default_parallel(layout.n_params, cparams.n_ctx)
+    n_ctx = cparams.n_ctx or parallel * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
+    placed = place(resolved.path, replace(cparams, n_ctx=n_ctx, n_seq_max=parallel))
+    params = placed.params
+    model = Model(resolved.path, n_gpu_layers=params.n_gpu_layers, devices=placed.handles,
+                  tensor_split=params.tensor_split, use_mmap=params.use_mmap)
+    return Opened(model, params, parallel, o.model_sampling_defaults(model, resolved.entry), resolved.path)

@@ -1,0 +1,213 @@
+"""A model served to many callers at once: the scheduler on a thread of its own.
+
+The engine's thread owns llama.cpp's context: it admits requests into free slots
+between steps (a request joins the running batch at the next step, not after the
+current ones), decodes, and hands each request what every step added. Callers on
+other threads `submit` and `cancel`; they hear back through callbacks that run on
+the engine's thread and must not block (a server passes them to its event loop).
+Nothing here knows HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from infer.runtime.errors import InferError
+from infer.runtime.llama import Context, Model
+from infer.runtime.params import ContextParams
+from infer.runtime.scheduler import Outcome, Request, Scheduler
+from infer.runtime.speculative import SpecParams
+
+log = logging.getLogger("infer.engine")
+
+
+class Busy(InferError):
+    """More requests are waiting than the engine queues."""
+
+
+class Closed(InferError):
+    """The engine is shutting down and takes no more requests."""
+
+
+@dataclass(eq=False)
+class Job:
+    request: Request
+    on_done: Callable[[Outcome], None]  # called once, on the engine's thread
+    submitted: float = 0.0
+
+
+class Engine:
+    """`parallel` requests at a time through one context of `model` (which the caller owns)."""
+
+    def __init__(self, model: Model, params: ContextParams, *, parallel: int,
+                 speculation: SpecParams | None = None, max_waiting: int | None = None) -> None:
+        # Each slot has a KV stream of its own (faster batched decoding), kept between requests.
+        self.context = Context(model, replace(params, n_seq_max=parallel, kv_unified=False))
+        try:
+            self.scheduler = Scheduler(model, self.context, parallel=parallel, speculation=speculation,
+                                       keep_cache=True)
+        except BaseException:
+            self.context.close()
+            raise
+        self.model = model
+        self.parallel = parallel
+        self.max_waiting = max_waiting
+        self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._waiting: deque[Job] = deque()
+        self._pending = 0  # submitted, not yet in a slot (the inbox and the waiting line)
+        self._lock = threading.Lock()
+        self._jobs: dict[int, Job] = {}  # running, by id of their request
+        self._closing = False
+        self._deadline: float | None = None
+        self.last_used = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="infer-engine", daemon=True)
+        self._thread.start()
+
+    # -- what callers on other threads use ------------------------------------------------
+
+    @property
+    def slot_cells(self) -> int:
+        """The context one request may use: its prompt and its generated tokens."""
+        return self.scheduler.slot_cells
+
+    @property
+    def waiting(self) -> int:
+        return self._pending
+
+    @property
+    def running(self) -> int:
+        return self.scheduler.running
+
+    @property
+    def kv_usage(self) -> float:
+        """The share of the KV cache's cells that hold tokens (running requests and kept caches)."""
+        return self.scheduler.cells_used / max(self.context.n_ctx, 1)
+
+    def fit_error(self, n_tokens: int, max_tokens: int | None) -> str | None:
+        return self.scheduler.fit_error(n_tokens, max_tokens)
+
+    def submit(self, request: Request, on_done: Callable[[Outcome], None]) -> None:
+        """Queue `request`; raises Busy if `max_waiting` are already waiting, Closed when closing."""
+        with self._lock:
+            if self._closing:
+                raise Closed("the server is shutting down")
+            if self.max_waiting is not None and self._pending >= self.max_waiting + self.scheduler.free_slots:
+                raise Busy(f"{self._pending} requests are already waiting")
+            self._pending += 1
+        self.last_used = time.monotonic()
+        self._inbox.put(Job(request, on_done, time.perf_counter()))
+
+    def cancel(self, request: Request) -> None:
+        """End `request` at the next step (its outcome says "cancelled"), or before it starts."""
+        request.cancelled = True
+        self._inbox.put(None)  # wakes an idle engine
+
+    def shutdown(self, grace_s: float = 0.0) -> None:
+        """Take no more requests; let running ones go on for up to `grace_s` seconds, then end
+        them ("cancelled"). Waiting requests end at once. Returns at once."""
+        with self._lock:
+            deadline = time.monotonic() + grace_s
+            if not self._closing or (self._deadline is not None and deadline < self._deadline):
+                self._deadline = deadline
+            self._closing = True
+        self._inbox.put(None)
+
+    def close(self, grace_s: float = 0.0) -> None:
+        """`shutdown`, then wait for the running requests to end and free the context."""
+        self.shutdown(grace_s)
+        self._thread.join()
+        self.scheduler.close()
+        self.context.close()
+
+    @property
+    def idle(self) -> bool:
+        return not self._pending and not self.scheduler.running
+
+    # -- the engine's thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            busy = bool(self.scheduler.running or self._waiting)
+            self._take_inbox(block=not busy)
+            if self._closing:
+                self._refuse_waiting()
+                if not self.scheduler.running:
+                    return
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    for job in self._jobs.values():
+                        job.request.cancelled = True
+            self._admit()
+            if not self.scheduler.running:
+                if self._waiting:  # waiting for nothing: cannot happen, but never spin
+                    time.sleep(0.001)
+                continue
+            try:
+                outcomes = self.scheduler.step()
+            except Exception as e:  # llama.cpp failed: the running requests fail, the engine goes on
+                log.exception("a decode step failed")
+                outcomes = self._fail_running(f"the model failed: {e}")
+            for outcome in outcomes:
+                assert outcome.request is not None
+                self._deliver(self._jobs.pop(id(outcome.request)), outcome)
+
+    def _take_inbox(self, *, block: bool) -> None:
+        try:
+            item = self._inbox.get(block=block, timeout=None if block else 0)
+        except queue.Empty:
+            return
+        while True:
+            if item is not None:
+                self._waiting.append(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots, in order (a request whose prompt another is
+        prefilling waits for it, and lets those behind it go first)."""
+        skipped: list[Job] = []
+        while self._waiting and self.scheduler.free_slots:
+            job = self._waiting.popleft()
+            request = job.request
+            if request.cancelled:
+                self._unqueue()
+                self._deliver(job, Outcome(request.key, error="cancelled", request=request))
+                continue
+            if self.scheduler.waits_for_prefill(request.tokens):
+                skipped.append(job)
+                continue
+            self._unqueue()
+            error = self.scheduler.add(request)
+            if error is not None:
+                self._deliver(job, error)
+            else:
+                self._jobs[id(request)] = job
+        self._waiting.extendleft(reversed(skipped))
+
+    def _unqueue(self) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    def _refuse_waiting(self) -> None:
+        while self._waiting:
+            job = self._waiting.popleft()
+            self._unqueue()
+            self._deliver(job, Outcome(job.request.key, error="the server is shutting down",
+                                       request=job.request))
+
+    def _fail_running(self, message: str) -> list[Outcome]:
+        self.scheduler.abort()
+        return [Outcome(job.request.key, error=message, request=job.request) for job in self._jobs.values()]
+
+    def _deliver(self, job: Job, outcome: Outcome) -> None:
+        try:
+            job.on_done(outcome)
+        except Exception:  # a caller's callback must not stop the engine
+            log.exception("a request's on_done failed")

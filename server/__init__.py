@@ -1,0 +1,1 @@
+"""`infer serve`: the HTTP front end (OpenAI-compatible API) over the runtime's engines."""

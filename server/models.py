@@ -1,0 +1,155 @@
+"""The models a server holds in memory: loaded on first use, at most `max_models` at once
+(the least recently used idle one is unloaded first), and unloaded after `keep_alive`
+seconds without requests.
+
+How a name becomes a loaded model (resolving it offline, placing it on devices) is the
+front end's business: the pool is given an `open_model` function and keeps the engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infer.runtime.engine import Engine
+from infer.runtime.errors import InferError, ModelNotFoundError
+from infer.runtime.llama import Model
+from infer.runtime.params import ContextParams
+from infer.runtime.speculative import SpecParams
+from infer.server.errors import ApiError, busy
+
+
+@dataclass
+class Opened:
+    """A model loaded for serving, as `open_model` returns it."""
+
+    model: Model
+    params: ContextParams  # the context for all the slots together
+    parallel: int
+    sampling_defaults: dict[str, Any]  # the model's recommendations (GGUF metadata, its alias)
+    path: Path
+
+
+@dataclass(eq=False)
+class Served:
+    name: str
+    opened: Opened
+    engine: Engine
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model(self) -> Model:
+        return self.opened.model
+
+
+class ModelPool:
+    def __init__(self, open_model: Callable[[str], Opened], *, default: str | None,
+                 listing: Callable[[], list[str]], max_models: int = 1, keep_alive_s: float | None = 300.0,
+                 max_waiting: int = 256, speculation: SpecParams | None = None) -> None:
+        self.open_model, self.default, self.listing = open_model, default, listing
+        self.max_models, self.keep_alive_s, self.max_waiting = max_models, keep_alive_s, max_waiting
+        self.speculation = speculation
+        self.loaded: dict[str, Served] = {}  # least recently used first
+        self.loading: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
+
+    def name_for(self, requested: str | None) -> str:
+        """The model a request names (the default one when it names none)."""
+        if requested is None or requested == "":
+            if self.default is None:
+                raise ApiError(400, "model is required (this server has no default model)", param="model")
+            return self.default
+        if requested != self.default and _is_path(requested):
+            raise ApiError(404, f"{requested}: a request names models by alias or Hub reference, not by path",
+                           param="model", code="model_not_found")
+        return requested
+
+    async def get(self, requested: str | None) -> Served:
+        name = self.name_for(requested)
+        served = self.loaded.get(name)
+        if served is None:
+            lock = self._locks.setdefault(name, asyncio.Lock())
+            async with lock:
+                served = self.loaded.get(name) or await self._load(name)
+        self.loaded[name] = self.loaded.pop(name)  # the most recently used now
+        served.engine.last_used = time.monotonic()
+        return served
+
+    async def _load(self, name: str) -> Served:
+        if self._closed:
+            raise busy("the server is shutting down")
+        while len(self.loaded) >= self.max_models:
+            idle = [s for s in self.loaded.values() if s.engine.idle]
+            if not idle:
+                raise busy(f"the {len(self.loaded)} loaded model(s) are busy; --max-models is {self.max_models}", 5)
+            await self.unload(idle[0])
+        self.loading.add(name)
+        try:
+            opened = await asyncio.to_thread(self.open_model, name)
+            try:
+                engine = await asyncio.to_thread(Engine, opened.model, opened.params, parallel=opened.parallel,
+                                                 speculation=self.speculation, max_waiting=self.max_waiting)
+            except BaseException:
+                opened.model.close()
+                raise
+        except ModelNotFoundError as e:
+            raise ApiError(404, str(e), param="model", code="model_not_found") from None
+        except InferError as e:
+            raise ApiError(400, f"{name}: {e}", param="model", code="model_not_available") from None
+        finally:
+            self.loading.discard(name)
+        served = Served(name, opened, engine)
+        self.loaded[name] = served
+        return served
+
+    async def unload(self, served: Served, grace_s: float = 0.0) -> None:
+        if self.loaded.get(served.name) is served:
+            del self.loaded[served.name]
+        await asyncio.to_thread(served.engine.close, grace_s)
+        served.model.close()
+
+    async def reap(self, every_s: float = 1.0) -> None:
+        """Unload models idle for longer than keep_alive, until cancelled."""
+        if self.keep_alive_s is None:
+            return
+        while True:
+            await asyncio.sleep(min(every_s, max(self.keep_alive_s, 0.05)))
+            now = time.monotonic()
+            for served in list(self.loaded.values()):
+                if served.engine.idle and now - served.engine.last_used >= self.keep_alive_s:
+                    with contextlib.suppress(Exception):
+                        await self.unload(served)
+
+    def names(self) -> list[str]:
+        """What can be served: the loaded models, the default, and the models on this machine."""
+        names = list(self.loaded)
+        for name in ([self.default] if self.default else []) + self.listing():
+            if name not in names:
+                names.append(name)
+        return names
+
+    def begin_close(self, grace_s: float) -> None:
+        """Start winding down (from a signal handler): no new models or requests; running
+        requests end within `grace_s` seconds."""
+        self._closed = True
+        for served in self.loaded.values():
+            served.engine.shutdown(grace_s)
+
+    async def close(self, grace_s: float) -> None:
+        """Unload everything; running requests get up to `grace_s` seconds to finish."""
+        self._closed = True
+        await asyncio.gather(*(self.unload(s, grace_s) for s in list(self.loaded.values())))
+
+
+def _is_path(name: str) -> bool:
+    """Whether a requested name points into the file system (only the served MODEL may)."""
+    parts = re.split(r"[\\/]", name)
+    return (name.startswith(("/", "~", "\\")) or name.lower().endswith(".gguf") or ".." in parts or "." in parts
+            or re.match(r"[A-Za-z]:[\\/]", name) is not None)

@@ -1,0 +1,75 @@
+"""Running the server: uvicorn on a socket the caller bound, and a clean stop.
+
+Ctrl-C or SIGTERM: the server stops accepting connections; waiting requests end,
+running ones get `config.shutdown_grace_s` seconds to finish and are then ended
+(finish reason "length"), so every stream ends with its last chunk and ``[DONE]``;
+then the models are unloaded and `serve_forever` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from infer.runtime.speculative import SpecParams
+from infer.server.app import Config, create_app
+from infer.server.models import ModelPool, Opened
+
+log = logging.getLogger("infer.server")
+
+
+def serve_forever(sock: socket.socket, open_model: Callable[[str], Opened], *, default: str | None,
+                  listing: Callable[[], list[str]], config: Config, max_models: int = 1,
+                  keep_alive_s: float | None = 300.0, max_waiting: int = 256,
+                  speculation: SpecParams | None = None, verbose: bool = False) -> None:
+    import uvicorn
+
+    pool = ModelPool(open_model, default=default, listing=listing, max_models=max_models,
+                     keep_alive_s=keep_alive_s, max_waiting=max_waiting, speculation=speculation)
+    app = create_app(pool, config, lifespan=_lifespan(pool, config))
+    server = _Server(uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
+                                    timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5,
+                                    timeout_keep_alive=30, lifespan="on"),
+                     on_exit=lambda: pool.begin_close(config.shutdown_grace_s))
+    server.run(sockets=[sock])
+
+
+class _Server:
+    """uvicorn's server, telling the engines to wind down as soon as a stop is asked for."""
+
+    def __new__(cls, config: Any, on_exit: Callable[[], None]) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                on_exit()
+                super().handle_exit(sig, frame)
+
+        return Server(config)
+
+
+def _lifespan(pool: ModelPool, config: Config) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(pool.reap())]
+        if pool.default is not None:  # load it now; /health says 503 until it is ready
+            tasks.append(asyncio.create_task(_preload(pool)))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await pool.close(config.shutdown_grace_s)
+
+    return lifespan
+
+
+async def _preload(pool: ModelPool) -> None:
+    try:
+        await pool.get(None)
+    except Exception as e:  # the requests that need it will say why
+        log.error("could not load %s: %s", pool.default, getattr(e, "message", e))

@@ -1,0 +1,313 @@
+"""The one place where a request body becomes typed values, or an OpenAI-shaped 400.
+
+Fields OpenAI defines are checked against its types and ranges; infer's other
+sampling parameters are accepted as extensions under llama-server's names. Fields
+infer cannot honour (tools, images, audio...) are refused naming the field, never
+silently ignored; fields it does not know are ignored, as clients send extras.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from infer.server.errors import ApiError, invalid, unsupported
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
+MAX_N = 16  # choices per request
+MAX_STOP = 16
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a client asked for, checked."""
+
+    chat: bool  # /v1/chat/completions (messages) or /v1/completions (prompt)
+    model: str | None
+    messages: tuple[dict[str, str], ...] = ()
+    prompt: str | tuple[int, ...] = ""
+    stream: bool = False
+    include_usage: bool = False
+    n: int = 1
+    logprobs: int | None = None  # None: no logprobs; k: each token's and the k likeliest
+    sampling: tuple[tuple[str, Any], ...] = ()  # SamplingParams fields the request sets
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.sampling)
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body (no NaN or Infinity: they are not JSON)."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        body = json.loads(raw, parse_constant=no_constant)
+    except (ValueError, RecursionError) as e:
+        raise invalid(None, f"the body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid(None, f"the body must be a JSON object, not {_kind(body)}", code="invalid_json")
+    return body
+
+
+# Refused: what infer cannot do. (name -> what it is, for the message)
+_UNSUPPORTED = {
+    "tools": "tool calling", "functions": "function calling", "function_call": "function calling",
+    "audio": "audio output", "prediction": "predicted outputs", "web_search_options": "web search",
+    "suffix": "a suffix (insertion)", "echo": "echoing the prompt",
+}
+
+# Extensions under llama-server's names: name -> (SamplingParams field, kind, low, high)
+_EXTENSIONS: dict[str, tuple[str, type, float | None, float | None]] = {
+    "top_k": ("top_k", int, 0, None),
+    "min_p": ("min_p", float, 0, 1),
+    "typical_p": ("typical_p", float, 0, 1),
+    "repeat_penalty": ("repeat_penalty", float, 0, None),
+    "repeat_last_n": ("repeat_last_n", int, -1, None),
+    "mirostat": ("mirostat", int, 0, 2),
+    "mirostat_tau": ("mirostat_tau", float, 0, None),
+    "mirostat_eta": ("mirostat_eta", float, 0, None),
+    "dry_multiplier": ("dry_multiplier", float, 0, None),
+    "dry_base": ("dry_base", float, 1, None),
+    "dry_allowed_length": ("dry_allowed_length", int, 0, None),
+    "dry_penalty_last_n": ("dry_penalty_last_n", int, -1, None),
+    "xtc_probability": ("xtc_probability", float, 0, 1),
+    "xtc_threshold": ("xtc_threshold", float, 0, 1),
+    "ignore_eos": ("ignore_eos", bool, None, None),
+    "grammar": ("grammar", str, None, None),
+}
+
+# OpenAI's own sampling fields: name -> (SamplingParams field, kind, low, high)
+_OPENAI: dict[str, tuple[str, type, float | None, float | None]] = {
+    "temperature": ("temperature", float, 0, 2),
+    "top_p": ("top_p", float, 0, 1),
+    "presence_penalty": ("presence_penalty", float, -2, 2),
+    "frequency_penalty": ("frequency_penalty", float, -2, 2),
+    "seed": ("seed", int, 0, 0xFFFFFFFF),
+}
+
+
+def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
+    """Check a /v1/chat/completions (`chat`) or /v1/completions body."""
+    for name, what in _UNSUPPORTED.items():
+        if _given(body.get(name)) and not (name == "echo" and body[name] is False):
+            raise unsupported(name, what)
+    if chat:
+        _check_tool_choice(body)
+        modalities = body.get("modalities")
+        if modalities is not None and modalities != ["text"]:
+            raise unsupported("modalities", "output other than text")
+    model = _optional(body, "model", str)
+    stream = bool(_optional(body, "stream", bool) or False)
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid("stream_options", "stream_options must be an object")
+        if not stream:
+            raise invalid("stream_options", "stream_options is only allowed with stream: true")
+        include_usage = bool(_optional(options, "include_usage", bool, where="stream_options.include_usage"))
+    n = _number(body, "n", int, 1, MAX_N)
+    best_of = _number(body, "best_of", int, 1, MAX_N)
+    if best_of is not None and best_of != (n or 1):
+        raise unsupported("best_of", "best_of other than n")
+    sampling: dict[str, Any] = {}
+    for name, (field, kind, low, high) in (*_OPENAI.items(), *_EXTENSIONS.items()):
+        value = _number(body, name, kind, low, high) if kind in (int, float) else _optional(body, name, kind)
+        if value is not None:
+            sampling[field] = value
+    max_tokens = _max_tokens(body)
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
+    stop = _stop(body.get("stop"))
+    if stop:
+        sampling["stop"] = stop
+    bias = _logit_bias(body.get("logit_bias"))
+    if bias:
+        sampling["logit_bias"] = bias
+    schema = _response_format(body)
+    if schema is not None:
+        if "grammar" in sampling:
+            raise invalid("grammar", "give either grammar or response_format, not both")
+        sampling["json_schema"] = schema
+    logprobs = _chat_logprobs(body) if chat else _number(body, "logprobs", int, 0, 5)
+    common: dict[str, Any] = {"model": model, "stream": stream, "include_usage": include_usage, "n": n or 1,
+                              "logprobs": logprobs, "sampling": tuple(sampling.items())}
+    if chat:
+        return Generation(chat=True, messages=_messages(body.get("messages")), **common)
+    return Generation(chat=False, prompt=_prompt(body.get("prompt")), **common)
+
+
+def _check_tool_choice(body: dict[str, Any]) -> None:
+    choice = body.get("tool_choice")
+    if choice is not None and choice != "none":
+        raise unsupported("tool_choice", "tool calling")
+
+
+def _given(value: Any) -> bool:
+    return value is not None and value != [] and value != {}
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
+
+
+def _optional(body: dict[str, Any], name: str, kind: type, *, where: str | None = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if not ok:
+        raise invalid(where or name, f"{where or name} must be {_kind(kind())}, not {_kind(value)}")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, kind: type, low: float | None, high: float | None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid(name, f"{name} must be a number, not {_kind(value)}")
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise invalid(name, f"{name} must be an integer, got {value}")
+        value = int(value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise invalid(name, f"{name} must be finite")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise invalid(name, f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    values = [v for v in (_number(body, name, int, 1, None)
+                          for name in ("max_completion_tokens", "max_tokens", "n_predict")) if v is not None]
+    return values[0] if values else None
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("stop", "stop must be a string or an array of strings")
+    if len(stops) > MAX_STOP:
+        raise invalid("stop", f"stop takes at most {MAX_STOP} strings")
+    return tuple(s for s in stops if s)
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise invalid("logit_bias", "logit_bias must be an object of token ids and biases")
+    out = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise invalid("logit_bias", f"logit_bias: {key!r} is not a token id") from None
+        if token < 0:
+            raise invalid("logit_bias", f"logit_bias: {key!r} is not a token id")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise invalid("logit_bias", f"logit_bias[{key}] must be a number between -100 and 100")
+        out.append((token, float(bias)))
+    return tuple(out)
+
+
+def _response_format(body: dict[str, Any]) -> str | None:
+    """The JSON schema the reply must follow (as JSON text), if any."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        schema = body.get("json_schema")  # llama-server's extension
+        if schema is None:
+            return None
+        if not isinstance(schema, dict):
+            raise invalid("json_schema", "json_schema must be an object")
+        return json.dumps(schema)
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise invalid("response_format", "response_format must be an object with a type")
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise invalid("response_format.json_schema", "response_format.json_schema must be an object")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, (dict, bool)):
+            raise invalid("response_format.json_schema.schema", "the schema must be a JSON object")
+        return json.dumps(schema)
+    raise invalid("response_format.type", f"response_format.type {kind!r} is not text, json_object or "
+                  "json_schema")
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    wanted = _optional(body, "logprobs", bool)
+    top = _number(body, "top_logprobs", int, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
+    return (top or 0) if wanted else None
+
+
+def _messages(value: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise invalid("messages", "messages must be a non-empty array")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise invalid(where, f"{where} must be an object")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role == "tool" or m.get("tool_calls") or m.get("function_call"):
+            raise unsupported(where, "a tool message or tool call")
+        if role not in ("system", "user", "assistant"):
+            raise invalid(f"{where}.role", f"{where}.role must be system, developer, user or assistant")
+        out.append({"role": role, "content": _content(m.get("content"), f"{where}.content")})
+    return tuple(out)
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid(where, f"{where} must be a string or an array of text parts")
+    texts = []
+    for j, part in enumerate(value):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise invalid(at, f"{at} must be an object with a type")
+        if part["type"] != "text":
+            raise unsupported(f"{at}.type", f"a content part of type {part['type']!r}")
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"{at}.text", f"{at}.text must be a string")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _prompt(value: Any) -> str | tuple[int, ...]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        return value[0]
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                 for t in value):
+        return tuple(value)
+    if isinstance(value, list) and len(value) > 1 and all(isinstance(t, str) for t in value):
+        raise unsupported("prompt", "more than one prompt per request")
+    raise invalid("prompt", "prompt must be a string or an array of token ids")
