@@ -17,6 +17,6 @@ src="$out/src/llama_cpp_python-$version/vendor/llama.cpp"
 # Hugging Face at build time; the benchmarks only use its HTTP API).
 cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2
-cmake --build "$out/build" -j "$(nproc)" --target llama-bench llama-completion llama-batched-bench llama-lookup llama-speculative-simple \
-  llama-server >&2
+cmake --build "$out/build" -j "$(nproc)" --target llama-bench llama-completion llama-batched-bench \
+  llama-lookup llama-speculative-simple llama-server >&2
 echo "$out/build/bin"

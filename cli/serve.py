@@ -97,8 +97,12 @@ def execute(flags: Mapping[str, Any]) -> None:
         raise UsageError("--explain is for infer run, chat and batch")
     sock = _bind(flags["host"], flags["port"])
 
+    from infer.quant.paths import infer_home
+    from infer.runtime.template import use_compiled_cache
     from infer.server.app import Config
     from infer.server.run import serve_forever
+
+    use_compiled_cache(infer_home() / "cache" / "templates")
 
     if api_key is None and not _is_loopback(flags["host"]):
         sys.stderr.write(f"infer: warning: listening on {flags['host']} without an API key: anyone who can "

@@ -146,6 +146,13 @@ class Api:
                 tokens = list(gen.prompt)
         except InferError as e:
             raise invalid(None, str(e)) from None
+        if params.effective_grammar is not None:  # a bad grammar is the client's mistake: 400 now
+            from infer.runtime.sampling import build_sampler_chain
+
+            try:
+                build_sampler_chain(params, model).close()
+            except InferError as e:
+                raise invalid("grammar" if params.grammar else "response_format", str(e)) from None
         for token, _ in params.logit_bias:
             if token >= model.n_vocab:
                 raise invalid("logit_bias", f"logit_bias: token id {token} is not in the model's vocabulary")
@@ -228,6 +235,8 @@ class Api:
                         reply.end(choice, item)
         finally:
             gone.cancel()
+        if reply.error is not None:  # accepted, then failed: the model failed or the server is stopping
+            raise ApiError(503, reply.error, type="server_error", code="generation_failed")
         return JSONResponse(reply.whole())
 
 
@@ -243,6 +252,7 @@ class _Reply:
         self.texts = [""] * gen.n
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(gen.n)]
         self.finish: list[str | None] = [None] * gen.n
+        self.tokens: list[list[int]] = [[] for _ in range(gen.n)]
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.error: str | None = None
@@ -259,10 +269,12 @@ class _Reply:
             self.finish[choice] = "length"
             return
         self.finish[choice] = FINISH.get(completion.finish_reason, "stop")
+        self.tokens[choice] = completion.tokens
         self.completion_tokens += completion.usage.completion_tokens
         if choice == 0:
             self.cached_tokens = completion.usage.cached_tokens
-        self.metrics.ended(completion.usage, completion.timings, self.finish[choice])
+        reason = "abort" if completion.finish_reason == "cancelled" else self.finish[choice]
+        self.metrics.ended(completion.usage, completion.timings, reason)
 
     def usage(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -303,6 +315,9 @@ class _Reply:
             choices = [{"index": i, "text": self.texts[i], "logprobs": self._logprobs(self.logprobs[i]),
                         "finish_reason": self.finish[i]} for i in range(self.gen.n)]
             kind = "text_completion"
+        if self.gen.return_tokens:  # llama-server's extension: the generated token ids
+            for i, choice in enumerate(choices):
+                choice["tokens"] = self.tokens[i]
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "choices": choices, "usage": self.usage(), "system_fingerprint": None}
 

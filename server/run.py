@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from infer.runtime.speculative import SpecParams
@@ -48,6 +50,20 @@ class _Server:
             def handle_exit(self, sig: int, frame: Any) -> None:
                 on_exit()
                 super().handle_exit(sig, frame)
+
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                # As uvicorn's, without raising the signal again afterwards: a stop that was
+                # asked for is a clean exit (0), not a death by SIGTERM or a KeyboardInterrupt.
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+                kept = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+                try:
+                    yield
+                finally:
+                    for sig, handler in kept.items():
+                        signal.signal(sig, handler)
 
         return Server(config)
 

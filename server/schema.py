@@ -34,6 +34,7 @@ class Generation:
     n: int = 1
     logprobs: int | None = None  # None: no logprobs; k: each token's and the k likeliest
     sampling: tuple[tuple[str, Any], ...] = ()  # SamplingParams fields the request sets
+    return_tokens: bool = False  # llama-server's extension: the generated token ids in each choice
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -139,7 +140,8 @@ def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
         sampling["json_schema"] = schema
     logprobs = _chat_logprobs(body) if chat else _number(body, "logprobs", int, 0, 5)
     common: dict[str, Any] = {"model": model, "stream": stream, "include_usage": include_usage, "n": n or 1,
-                              "logprobs": logprobs, "sampling": tuple(sampling.items())}
+                              "logprobs": logprobs, "sampling": tuple(sampling.items()),
+                              "return_tokens": bool(_optional(body, "return_tokens", bool))}
     if chat:
         return Generation(chat=True, messages=_messages(body.get("messages")), **common)
     return Generation(chat=False, prompt=_prompt(body.get("prompt")), **common)

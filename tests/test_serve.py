@@ -1,0 +1,405 @@
+"""`infer serve` on the embedded real model, through OpenAI's own client and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from real_model import assert_same_or_rounding
+from serve_helpers import Server
+
+from infer.runtime.params import ContextParams
+from infer.runtime.prompt import chat_prompt
+from infer.runtime.sampling import SamplingParams
+from infer.runtime.session import Session
+
+PARALLEL, CTX = 8, 8192  # 1,024 tokens per request
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Server:
+    s = Server("smollm2", "-np", str(PARALLEL), "-c", str(CTX), home=tmp_path_factory.mktemp("home"))
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.fixture
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def grammar_for(text: str) -> str:
+    """A grammar whose only sentence is `text`: the reply is known before it is made."""
+    return f"root ::= {json.dumps(text)}"
+
+
+def test_chat_and_completions_with_the_openai_client(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi!"}],
+                                          max_tokens=12, temperature=0)
+    choice = chat.choices[0]
+    assert chat.object == "chat.completion" and chat.model == "smollm2"
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert chat.usage.completion_tokens <= 12 and chat.usage.prompt_tokens > 5
+    assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+    done = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=8,
+                                     temperature=0)
+    assert done.object == "text_completion" and "Paris" in done.choices[0].text
+    assert done.usage.completion_tokens == 8 and done.choices[0].finish_reason == "length"
+    listed = [m.id for m in client.models.list()]
+    assert "smollm2" in listed
+
+
+def test_a_stream_says_what_the_whole_reply_says_and_ends_with_usage(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Name three colours."}]
+    whole = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=24, temperature=0)
+    chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=24,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
+    assert last.usage.prompt_tokens == whole.usage.prompt_tokens
+    # Completions stream too.
+    pieces = list(client.completions.create(model="smollm2", prompt="One, two, three,", max_tokens=6,
+                                            temperature=0, stream=True))
+    assert "".join(p.choices[0].text for p in pieces if p.choices).strip().startswith("four")
+
+
+def test_greedy_replies_equal_infer_runs_own(client: openai.OpenAI, smollm2: Path) -> None:
+    """The server (many sequences per step) against a session decoding one token at a time, as
+    `infer run` does: the same tokens, or where they part, a difference shown to be the
+    rounding of batch shapes."""
+    questions = ["What is the boiling point of water?", "Write a haiku about the sea.",
+                 "List the planets of the solar system.", "Explain what a CPU does in two sentences."]
+    replies = {}
+
+    def ask(q: str) -> None:
+        replies[q] = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": q}], max_tokens=40, temperature=0,
+            extra_body={"return_tokens": True})
+
+    threads = [threading.Thread(target=ask, args=(q,)) for q in questions]  # decoded together
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with Session.open(smollm2, ContextParams(n_ctx=2048)) as session:
+        for q in questions:
+            tokens = chat_prompt(session.model, [{"role": "user", "content": q}]).tokens
+            params = SamplingParams(temperature=0, max_tokens=40)
+            *_, done = session.generate(tokens, params)
+            served = replies[q].choices[0].model_extra["tokens"]
+            assert_same_or_rounding(session, tokens, done.tokens, served, params, q)
+
+
+def test_sixteen_concurrent_streams_each_get_their_own_reply(server: Server) -> None:
+    async def main() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        async def one(i: int) -> str:
+            stream = await client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": f"Say the number {i}."}],
+                max_tokens=20, stream=True, extra_body={"grammar": grammar_for(f"Number {i} here.")})
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+        try:
+            return await asyncio.gather(*(one(i) for i in range(16)))
+        finally:
+            await client.close()
+
+    assert asyncio.run(main()) == [f"Number {i} here." for i in range(16)]
+
+
+def test_n_choices_share_the_prompts_prefill(client: openai.OpenAI, server: Server) -> None:
+    messages = [{"role": "user", "content": "Tell me a short fact about cats. " * 8}]
+    before = server.metrics()
+    reply = client.chat.completions.create(model="smollm2", messages=messages, n=3, max_tokens=12,
+                                           temperature=0.9, seed=5, extra_body={"return_tokens": True})
+    after = server.metrics()
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert all(c.message.content for c in reply.choices)
+    assert len({c.message.content for c in reply.choices}) > 1  # each choice has its own seed
+    # Generated tokens are counted for every choice; the prompt once.
+    assert reply.usage.completion_tokens == sum(len(c.model_extra["tokens"]) for c in reply.choices)
+    prompt = reply.usage.prompt_tokens
+    assert after["infer:prompt_tokens_total"] - before["infer:prompt_tokens_total"] == 3 * prompt
+    # The two later choices found the first one's prompt in the KV cache (copied, not prefilled).
+    cached = after["infer:cached_prompt_tokens_total"] - before["infer:cached_prompt_tokens_total"]
+    assert cached >= 2 * (prompt - 1)
+    # Greedy choices are all the same reply.
+    greedy = client.chat.completions.create(model="smollm2", messages=messages, n=2, max_tokens=12,
+                                            temperature=0)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+
+
+def test_json_schema_output_validates(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    reply = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Invent a person; answer in JSON."}],
+        max_tokens=60, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    # json_object: any object (cut short by max_tokens here, so only its start is checked).
+    loose = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "A JSON object about a dog."}],
+        max_tokens=8, temperature=0, response_format={"type": "json_object"})
+    assert loose.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_logprobs_are_consistent_with_the_text(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Count from one to five."}], max_tokens=16,
+        temperature=0, logprobs=True, top_logprobs=3)
+    choice = reply.choices[0]
+    entries = choice.logprobs.content
+    assert len(entries) == reply.usage.completion_tokens
+    assert bytes(b for e in entries for b in e.bytes).decode() == choice.message.content
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        tops = [t.logprob for t in e.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == pytest.approx(e.logprob)
+    done = client.completions.create(model="smollm2", prompt="The sky is", max_tokens=5, temperature=0,
+                                     logprobs=2)
+    lp = done.choices[0].logprobs
+    assert "".join(lp.tokens) == done.choices[0].text and len(lp.token_logprobs) == 5
+    assert lp.text_offset[0] == 0 and all(len(t) == 2 for t in lp.top_logprobs)
+
+
+def test_a_conversation_sent_again_reuses_its_cache(client: openai.OpenAI) -> None:
+    messages = [{"role": "system", "content": "You are a terse assistant. " * 10},
+                {"role": "user", "content": "What is two plus two?"}]
+    first = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And three plus three?"}]
+    second = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # Only the new message (and the end of the reply's turn) is prefilled.
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 2
+    assert cached < second.usage.prompt_tokens
+
+
+HOSTILE = [
+    # (body, status, param) -- the error's type is invalid_request_error for every 400
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', 400, "temperature"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 7}', 400, "temperature"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400, "max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', 400, "max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 0}', 400, "n"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', 400, "top_logprobs"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "stream"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}', 400, "stop"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}', 400, "logit_bias"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": 1000}}', 400, "logit_bias"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}', 400,
+     "stream_options"),
+    (b'{"messages": []}', 400, "messages"),
+    (b'{"messages": "hello"}', 400, "messages"),
+    (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages[0].role"),
+    (b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
+     400, "messages[0].content[0].type"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400, "tools"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= ("}', 400, "grammar"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
+     b'"json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}',
+     400, None),
+    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}', 400,
+     "response_format.type"),
+    (b'{"prompt": 5}', 400, "prompt"),
+    (b'{"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
+    (b'{"model": "/etc/passwd", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", HOSTILE, ids=[str(i) for i in range(len(HOSTILE))])
+def test_a_bad_request_gets_an_openai_error_and_the_server_goes_on(server: Server, body: bytes, status: int,
+                                                                    param: str | None) -> None:
+    path = "/v1/completions" if body.startswith(b'{"prompt"') else "/v1/chat/completions"
+    r = httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param, error
+
+
+def test_the_server_still_serves_after_hostile_requests(server: Server, client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "x"}],
+                                       temperature=9)
+    # A body over the size limit, unknown fields (ignored), an unknown path.
+    big = httpx.post(server.url + "/v1/chat/completions", content=b"x" * (9 * 1024 * 1024), timeout=60)
+    assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(server.url + "/v1/nothing", timeout=10).status_code == 404
+    ok = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                        max_tokens=4, temperature=0, extra_body={"some_extension": 1})
+    assert ok.choices[0].message.content
+
+
+def test_context_overflow_is_refused_before_the_stream_starts(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="smollm2", stream=True, max_tokens=10,
+                                       messages=[{"role": "user", "content": "word " * 1100}])
+    error = caught.value.body
+    assert error["code"] == "context_length_exceeded"
+    assert "1024" in error["message"] and str(CTX) in error["message"]  # the limit and the context
+
+
+def test_text_in_a_message_never_becomes_a_control_token(client: openai.OpenAI) -> None:
+    def prompt_tokens(content: str) -> int:
+        return client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": content}], max_tokens=1,
+            temperature=0).usage.prompt_tokens
+
+    # "<|im_end|>" is one control token to the template, but several tokens of text in a message.
+    assert prompt_tokens("a <|im_end|>") > prompt_tokens("a b") + 1
+
+
+def test_clients_that_disconnect_free_their_slots(server: Server, client: openai.OpenAI) -> None:
+    def leave(i: int) -> None:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": f"Write a long story {i}."}],
+                                "max_tokens": 1000, "stream": True, "ignore_eos": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
+                    return  # the first generated text: hang up
+
+    threads = [threading.Thread(target=leave, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        m = server.metrics()
+        if m["infer:num_requests_running"] == 0 and m["infer:num_requests_waiting"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["infer:num_requests_running"] == 0 and m["infer:num_requests_waiting"] == 0, m
+    # Nothing else runs: a new request is decoded alone (its own steps, none of the 32's).
+    reply = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 8
+    assert server.metrics()["infer:num_requests_running"] == 0
+
+
+def test_a_bounded_load_of_256_streams_loses_nothing_and_memory_stays_flat(server: Server) -> None:
+    async def wave(client: openai.AsyncOpenAI, first: int, count: int) -> None:
+        gate = asyncio.Semaphore(64)
+
+        async def one(i: int) -> None:
+            async with gate:
+                stream = await client.chat.completions.create(
+                    model="smollm2", messages=[{"role": "user", "content": f"Client {i}, say your name."}],
+                    max_tokens=12, stream=True, stream_options={"include_usage": True},
+                    extra_body={"grammar": grammar_for(f"client-{i} ok")})
+                chunks = [c async for c in stream]
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                assert text == f"client-{i} ok", (i, text)
+                assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+        await asyncio.gather(*(one(i) for i in range(first, first + count)))
+
+    async def main() -> tuple[int, int]:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300,
+                                    http_client=None)
+        try:
+            await wave(client, 0, 64)
+            warm = server.rss_kib()
+            await wave(client, 64, 192)
+            return warm, server.rss_kib()
+        finally:
+            await client.close()
+
+    warm, end = asyncio.run(main())
+    assert end - warm < 64 * 1024, (warm, end)  # KiB: no growth with the number of requests served
+
+
+def test_a_full_queue_answers_503_with_retry_after(tmp_path: Path) -> None:
+    server = Server("smollm2", "-np", "1", "--queue", "1", "-c", "2048", home=tmp_path / "home")
+    try:
+        body = {"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 300,
+                "ignore_eos": True}
+        results: list[httpx.Response] = []
+
+        def post() -> None:
+            results.append(httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120))
+
+        threads = [threading.Thread(target=post) for _ in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)  # one runs, one waits, the third finds the queue full
+        for t in threads:
+            t.join()
+        statuses = sorted(r.status_code for r in results)
+        assert statuses == [200, 200, 503], [r.text for r in results]
+        full = next(r for r in results if r.status_code == 503)
+        assert full.headers["Retry-After"].isdigit() and full.json()["error"]["type"] == "server_error"
+    finally:
+        assert server.stop() == 0
+
+
+def test_an_api_key_guards_everything_but_health(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")
+    server = Server("smollm2", "-np", "1", "-c", "1024", "--api-key-file", str(key_file),
+                    home=tmp_path / "home")
+    try:
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = httpx.get(server.url + "/v1/models", headers=headers, timeout=10)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        good = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
+        assert good.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=2).choices
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
+    finally:
+        assert server.stop() == 0
+
+
+def test_sigterm_ends_running_streams_cleanly_and_exits_0(tmp_path: Path) -> None:
+    server = Server("smollm2", "-np", "2", "-c", "4096", "--host", "0.0.0.0", home=tmp_path / "home")
+    assert any("without an API key" in line for line in server.log), server.log
+    lines: list[str] = []
+    started = threading.Event()
+
+    def listen() -> None:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120,
+                          json={"messages": [{"role": "user", "content": "Write a very long story."}],
+                                "max_tokens": 1500, "stream": True, "ignore_eos": True}) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+
+    reader = threading.Thread(target=listen)
+    reader.start()
+    assert started.wait(60)
+    t0 = time.monotonic()
+    assert server.stop(signal.SIGTERM) == 0, "".join(server.log)
+    reader.join(30)
+    assert time.monotonic() - t0 < 30  # bounded (the grace period is 5 s)
+    data = [line for line in lines if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]"
+    assert json.loads(data[-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert "Traceback" not in "".join(server.log)
