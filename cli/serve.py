@@ -19,7 +19,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
-from infer.runtime.errors import UsageError
+from infer.runtime.errors import ResourceError, UsageError
 
 SERVER = "Server"
 
@@ -141,7 +141,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         sock.close()
-        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        raise ResourceError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     sock.set_inheritable(True)
     return sock
 

@@ -10,6 +10,7 @@ A client that goes away has its choices cancelled: their slots are free at the n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import threading
@@ -52,10 +53,8 @@ class Mailbox:
             if self._scheduled:
                 return
             self._scheduled = True
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is reading any more
             self._loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # the loop is closed: nobody is reading any more
-            pass
 
     def _wake(self) -> None:
         with self._lock:
@@ -95,7 +94,8 @@ class Api:
 
     async def models(self, request: HttpRequest) -> Response:
         names = await asyncio.to_thread(self.pool.names)
-        data = [{"id": name, "object": "model", "created": self.started, "owned_by": "infer"} for name in names]
+        data = [{"id": name, "object": "model", "created": self.started, "owned_by": "infer"}
+                for name in names]
         return JSONResponse({"object": "list", "data": data})
 
     async def metrics_text(self, request: HttpRequest) -> Response:
@@ -163,7 +163,8 @@ class Api:
             limit = served.engine.slot_cells
             raise invalid("messages" if gen.chat else "prompt",
                           f"this request needs {len(tokens) + (params.max_tokens or 1)} tokens of context "
-                          f"({len(tokens)} in the prompt, {params.max_tokens or 1} to generate) but a request "
+                          f"({len(tokens)} in the prompt, {params.max_tokens or 1} to generate) but a "
+                          "request "
                           f"may use {limit} (the context of {served.engine.context.n_ctx} tokens shared by "
                           f"{served.engine.parallel} parallel slots)", code="context_length_exceeded")
         return tokens, params

@@ -31,7 +31,7 @@ class Histogram:
 
     def lines(self, name: str, labels: str) -> Iterable[str]:
         counts = self.counts or [0] * len(self.buckets)
-        for bound, count in zip(self.buckets, counts):
+        for bound, count in zip(self.buckets, counts, strict=True):
             yield f'{name}_bucket{{{labels},le="{bound}"}} {count}'
         yield f'{name}_bucket{{{labels},le="+Inf"}} {self.n}'
         yield f"{name}_sum{{{labels}}} {self.total}"

@@ -88,14 +88,16 @@ class ModelPool:
         while len(self.loaded) >= self.max_models:
             idle = [s for s in self.loaded.values() if s.engine.idle]
             if not idle:
-                raise busy(f"the {len(self.loaded)} loaded model(s) are busy; --max-models is {self.max_models}", 5)
+                raise busy(f"the {len(self.loaded)} loaded model(s) are busy; --max-models is "
+                           f"{self.max_models}", 5)
             await self.unload(idle[0])
         self.loading.add(name)
         try:
             opened = await asyncio.to_thread(self.open_model, name)
             try:
-                engine = await asyncio.to_thread(Engine, opened.model, opened.params, parallel=opened.parallel,
-                                                 speculation=self.speculation, max_waiting=self.max_waiting)
+                engine = await asyncio.to_thread(
+                    Engine, opened.model, opened.params, parallel=opened.parallel,
+                    speculation=self.speculation, max_waiting=self.max_waiting)
             except BaseException:
                 opened.model.close()
                 raise
@@ -151,5 +153,5 @@ class ModelPool:
 def _is_path(name: str) -> bool:
     """Whether a requested name points into the file system (only the served MODEL may)."""
     parts = re.split(r"[\\/]", name)
-    return (name.startswith(("/", "~", "\\")) or name.lower().endswith(".gguf") or ".." in parts or "." in parts
-            or re.match(r"[A-Za-z]:[\\/]", name) is not None)
+    return (name.startswith(("/", "~", "\\")) or name.lower().endswith(".gguf") or ".." in parts
+            or "." in parts or re.match(r"[A-Za-z]:[\\/]", name) is not None)

@@ -68,7 +68,8 @@ class _Server:
         return Server(config)
 
 
-def _lifespan(pool: ModelPool, config: Config) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
+def _lifespan(pool: ModelPool,
+              config: Config) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(pool.reap())]

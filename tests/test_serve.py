@@ -403,3 +403,30 @@ def test_sigterm_ends_running_streams_cleanly_and_exits_0(tmp_path: Path) -> Non
     assert data[-1] == "data: [DONE]"
     assert json.loads(data[-2][6:])["choices"][0]["finish_reason"] == "length"
     assert "Traceback" not in "".join(server.log)
+
+
+def test_models_load_on_first_use_and_unload_when_idle_or_least_recently_used(tmp_path: Path) -> None:
+    server = Server("smollm2", "-np", "1", "-c", "1024", "--keep-alive", "1s", home=tmp_path / "home")
+    try:
+        def loaded() -> list[str]:
+            return httpx.get(server.url + "/health", timeout=10).json()["loaded"]
+
+        def ask(model: str) -> None:
+            r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+                "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+            assert r.status_code == 200, r.text
+
+        ask("smollm2")
+        assert loaded() == ["smollm2"]
+        ask("smollm2:135m")  # another name: with --max-models 1 the idle one makes room
+        assert loaded() == ["smollm2:135m"]
+        end = time.monotonic() + 20
+        while loaded() and time.monotonic() < end:  # idle past --keep-alive: unloaded
+            time.sleep(0.2)
+        assert loaded() == []
+        ask("smollm2")  # and loaded again on use
+        assert loaded() == ["smollm2"]
+        ids = [m["id"] for m in httpx.get(server.url + "/v1/models", timeout=10).json()["data"]]
+        assert "smollm2" in ids and "smollm2:135m" in ids
+    finally:
+        assert server.stop() == 0
