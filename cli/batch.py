@@ -88,7 +88,7 @@ def execute(flags: Mapping[str, Any]) -> int:
                          "infer run and infer chat")
     if flags["explain"]:
         resolved = o.resolve(flags)
-        explain(_place(flags, resolved)[0], resolved.reference)
+        explain(place_slots(flags, resolved, extra=1)[0], resolved.reference)
         return 0
     items = list(read_items(_input_lines(flags["input"]), plain=flags["plain_lines"],
                             template=flags["template"], system=flags["system"]))
@@ -105,14 +105,17 @@ def execute(flags: Mapping[str, Any]) -> int:
     return 2 if failed else 0
 
 
-def _place(flags: Mapping[str, Any], resolved: Any) -> tuple[Placed, int]:
-    """The planned load, and the sequences decoded together (--parallel or the default)."""
+def place_slots(flags: Mapping[str, Any], resolved: Any, *, extra: int = 0) -> tuple[Placed, int]:
+    """The planned load, and the sequences decoded together (--parallel or the default).
+
+    A KV stream per sequence: the slots and `extra` sequences of their own (infer batch's
+    shared prefix); without -c, SLOT_CONTEXT cells each (at most the training context)."""
     cparams = o.model_context_params(flags, resolved.entry)
     layout = model_layout(resolved.path)
     parallel = flags["parallel"] or default_parallel(layout.n_params, cparams.n_ctx)
-    # A KV stream per sequence: the slots and the shared prefix's own sequence.
-    n_ctx = cparams.n_ctx or (parallel + 1) * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
-    return place(resolved.path, replace(cparams, n_ctx=n_ctx, n_seq_max=parallel + 1)), parallel
+    streams = parallel + extra
+    n_ctx = cparams.n_ctx or streams * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
+    return place(resolved.path, replace(cparams, n_ctx=n_ctx, n_seq_max=streams)), parallel
 
 
 def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: dict[str, Any],
@@ -123,7 +126,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     from infer.runtime.scheduler import Scheduler
     from infer.runtime.session import Usage, common_prefix_len
 
-    placed, parallel = _place(flags, resolved)
+    placed, parallel = place_slots(flags, resolved, extra=1)
     cparams = placed.params
     with Model(resolved.path, n_gpu_layers=cparams.n_gpu_layers, devices=placed.handles,
                tensor_split=cparams.tensor_split, use_mmap=cparams.use_mmap) as model:

@@ -11,7 +11,6 @@ import re
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -166,19 +165,14 @@ def _local_names() -> list[str]:
 
 def _open_model(flags: Mapping[str, Any], name: str) -> Any:
     """Load `name` for serving as `infer run` would find and place it (never downloading)."""
-    from infer.cli.batch import SLOT_CONTEXT, default_parallel
-    from infer.cli.placement import model_layout, place
+    from infer.cli.batch import place_slots
     from infer.quant.registry import resolve_model
     from infer.runtime.llama import Model
     from infer.server.models import Opened
 
     resolved = resolve_model(name, offline=True)
-    cparams = o.model_context_params(flags, resolved.entry)
-    layout = model_layout(resolved.path)
-    parallel = flags["parallel"] or default_parallel(layout.n_params, cparams.n_ctx)
-    n_ctx = cparams.n_ctx or parallel * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
-    placed = place(resolved.path, replace(cparams, n_ctx=n_ctx, n_seq_max=parallel))
+    placed, parallel = place_slots(flags, resolved)
     params = placed.params
     model = Model(resolved.path, n_gpu_layers=params.n_gpu_layers, devices=placed.handles,
                   tensor_split=params.tensor_split, use_mmap=params.use_mmap)
-    return Opened(model, params, parallel, o.model_sampling_defaults(model, resolved.entry), resolved.path)
+    return Opened(model, params, parallel, o.model_sampling_defaults(model, resolved.entry))

@@ -39,7 +39,6 @@ class Closed(InferError):
 class Job:
     request: Request
     on_done: Callable[[Outcome], None]  # called once, on the engine's thread
-    submitted: float = 0.0
 
 
 class Engine:
@@ -101,7 +100,7 @@ class Engine:
                 raise Busy(f"{self._pending} requests are already waiting")
             self._pending += 1
         self.last_used = time.monotonic()
-        self._inbox.put(Job(request, on_done, time.perf_counter()))
+        self._inbox.put(Job(request, on_done))
 
     def cancel(self, request: Request) -> None:
         """End `request` at the next step (its outcome says "cancelled"), or before it starts."""

@@ -153,7 +153,6 @@ class Scheduler:
         else:  # each sequence's stream holds its own copy of the prefix
             self.slot_cells = context.n_ctx_seq - len(self.prefix)
         self.prefilled_tokens = 0  # every prompt token decoded, the shared prefix included
-        self.reused_tokens = 0  # prompt tokens found in the KV cache (shared prefix, kept or copied)
         # `on_logits(key, step, logits)` sees every logits vector a request samples from
         # (step 0 is the first generated token): for tests.
         self.on_logits: Callable[[Any, int, Any], None] | None = None
@@ -280,7 +279,6 @@ class Scheduler:
         else:  # across streams llama.cpp copies whole sequences only
             self.context.memory_seq_cp(donor, slot.seq_id, 0, -1)
             self.context.memory_seq_rm(slot.seq_id, shared, -1)
-        self.reused_tokens += shared
         slot.cache = []
         slot.start(request, params, chain, shared, room if max_tokens is None else max_tokens)
         return None
@@ -290,7 +288,8 @@ class Scheduler:
         cells), and how many tokens are already there."""
         free = [s for s in self.slots if s.request is None]
         if self.prefix:
-            return free[0], PREFIX_SEQ, common_prefix_len(tokens, self.prefix)
+            shared = common_prefix_len(tokens, self.prefix)
+            return free[0], PREFIX_SEQ if shared else None, shared
         if not self.keep_cache:
             return free[0], None, 0
         # Its own cache if it holds the longest prefix; the oldest cache is the one to give up.

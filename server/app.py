@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -31,7 +31,7 @@ from infer.runtime.sampling import SamplingParams
 from infer.runtime.scheduler import Delta, Outcome, Request, TokenLogprob
 from infer.server import schema
 from infer.server.errors import ApiError, busy, invalid
-from infer.server.metrics import Metrics
+from infer.server.metrics import Metrics, ModelMetrics
 from infer.server.models import ModelPool, Served
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "length"}
@@ -118,7 +118,7 @@ class Api:
         tokens, params = await asyncio.to_thread(self._prepare, served, gen)
         mailbox = Mailbox(asyncio.get_running_loop())
         requests = self._submit(served, gen, tokens, params, mailbox)
-        reply = _Reply(served.name, gen, len(tokens), self.metrics.of(served.name), served)
+        reply = _Reply(served, gen, len(tokens), self.metrics.of(served.name))
         if gen.stream:
             return StreamingResponse(self._stream(reply, mailbox, requests, served),
                                      media_type="text/event-stream",
@@ -176,8 +176,6 @@ class Api:
             for i in range(gen.n):
                 choice_params = params
                 if params.seed is not None and i:  # the choices differ, and each can be reproduced
-                    from dataclasses import replace
-
                     choice_params = replace(params, seed=(params.seed + i) % 0xFFFFFFFF)
                 request = Request(i, tokens, choice_params, logprobs=gen.logprobs,
                                   on_delta=_put(mailbox, i))
@@ -210,9 +208,9 @@ class Api:
             if reply.gen.include_usage:
                 yield _sse(reply.usage_chunk())
             yield b"data: [DONE]\n\n"
-        finally:  # the client went away (or the stream ended): free the slots at the next step
-            for r in requests:
-                if ended < len(requests):
+        finally:
+            if ended < len(requests):  # the client went away: free the slots at the next step
+                for r in requests:
                     served.engine.cancel(r)
 
     async def _collect(self, http: HttpRequest, reply: _Reply, mailbox: Mailbox, requests: list[Request],
@@ -244,9 +242,10 @@ class Api:
 class _Reply:
     """The choices of one response as they grow, in OpenAI's shapes."""
 
-    def __init__(self, model: str, gen: schema.Generation, prompt_tokens: int, metrics: Any,
-                 served: Served) -> None:
-        self.model, self.gen, self.metrics, self.served = model, gen, metrics, served
+    def __init__(self, served: Served, gen: schema.Generation, prompt_tokens: int,
+                 metrics: ModelMetrics) -> None:
+        self.served, self.gen, self.metrics = served, gen, metrics
+        self.model = served.name
         self.id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.prompt_tokens = prompt_tokens

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from infer.runtime.session import Timings, Usage
+
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
@@ -50,18 +52,17 @@ class ModelMetrics:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
 
-    def ended(self, usage: object, timings: object, finish_reason: str) -> None:
-        u, t = usage, timings
-        self.prompt_tokens += u.prompt_tokens  # type: ignore[attr-defined]
-        self.cached_tokens += u.cached_tokens  # type: ignore[attr-defined]
-        self.generation_tokens += u.completion_tokens  # type: ignore[attr-defined]
+    def ended(self, u: Usage, t: Timings, finish_reason: str) -> None:
+        self.prompt_tokens += u.prompt_tokens
+        self.cached_tokens += u.cached_tokens
+        self.generation_tokens += u.completion_tokens
         self.prefix_queries += 1
-        self.prefix_hits += u.cached_tokens > 0  # type: ignore[attr-defined]
+        self.prefix_hits += u.cached_tokens > 0
         self.finished[finish_reason] = self.finished.get(finish_reason, 0) + 1
-        if u.completion_tokens:  # type: ignore[attr-defined]
-            self.ttft.observe(t.ttft_ms / 1000)  # type: ignore[attr-defined]
-        if u.completion_tokens > 1:  # type: ignore[attr-defined]
-            self.tpot.observe(t.decode_ms / 1000 / (u.completion_tokens - 1))  # type: ignore[attr-defined]
+        if u.completion_tokens:
+            self.ttft.observe(t.ttft_ms / 1000)
+        if u.completion_tokens > 1:
+            self.tpot.observe(t.decode_ms / 1000 / (u.completion_tokens - 1))
 
 
 class Metrics:

@@ -13,8 +13,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from infer.runtime.engine import Engine
@@ -33,7 +32,6 @@ class Opened:
     params: ContextParams  # the context for all the slots together
     parallel: int
     sampling_defaults: dict[str, Any]  # the model's recommendations (GGUF metadata, its alias)
-    path: Path
 
 
 @dataclass(eq=False)
@@ -41,7 +39,6 @@ class Served:
     name: str
     opened: Opened
     engine: Engine
-    created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def model(self) -> Model:
@@ -79,7 +76,6 @@ class ModelPool:
             async with lock:
                 served = self.loaded.get(name) or await self._load(name)
         self.loaded[name] = self.loaded.pop(name)  # the most recently used now
-        served.engine.last_used = time.monotonic()
         return served
 
     async def _load(self, name: str) -> Served:
