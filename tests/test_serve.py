@@ -13,6 +13,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from conftest import assert_one_line_error, run_cli
 from real_model import assert_same_or_rounding
 from serve_helpers import Server
 
@@ -430,3 +431,26 @@ def test_models_load_on_first_use_and_unload_when_idle_or_least_recently_used(tm
         assert "smollm2" in ids and "smollm2:135m" in ids
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.parametrize(("args", "code", "fragment"), [
+    (["smollm2", "--port", "99999"], 2, "not a port number"),
+    (["smollm2", "--keep-alive", "soon"], 2, "give a duration"),
+    (["smollm2", "--parallel", "0"], 2, "--parallel"),
+    (["smollm2", "--api-key", "a", "--api-key-file", "k"], 2, "not both"),
+    (["smollm2", "-md", "smollm2"], 2, "prompt lookup only"),
+    (["no-such-model"], 3, "no-such-model"),
+])
+def test_bad_flags_are_one_line_errors(args: list[str], code: int, fragment: str) -> None:
+    assert_one_line_error(run_cli("serve", *args, "--port", "0") if "--port" not in args
+                          else run_cli("serve", *args), code, fragment)
+
+
+def test_a_port_in_use_is_exit_5() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert_one_line_error(run_cli("serve", "smollm2", "--port", port), 5, "Address already in use")
