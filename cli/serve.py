@@ -50,6 +50,7 @@ SERVER = "Server"
     ("chat_template_file", Annotated[Path | None, typer.Option(
         "--chat-template-file", help="A Jinja chat template to use instead of the models' own.",
         rich_help_panel=SERVER)], None),
+    o.NO_CACHE,
 )
 def serve(ctx: typer.Context, **flags: Any) -> None:
     """Serve models over OpenAI's API (chat and completions), many requests decoded together."""
@@ -94,6 +95,9 @@ def execute(flags: Mapping[str, Any]) -> None:
         o.resolve({**flags, "offline": True})
     if flags["explain"]:
         raise UsageError("--explain is for infer run, chat and batch")
+    from infer.cli.prompt_cache import open_cache
+
+    cache = None if flags["no_cache"] else open_cache()  # (a bad INFER_PROMPT_CACHE_SIZE fails here)
     sock = _bind(flags["host"], flags["port"])
 
     from infer.quant.paths import infer_home
@@ -112,7 +116,8 @@ def execute(flags: Mapping[str, Any]) -> None:
     sys.stderr.flush()
     serve_forever(sock, lambda name: _open_model(flags, name), default=flags["model"], listing=_local_names,
                   config=config, max_models=flags["max_models"], keep_alive_s=keep_alive,
-                  max_waiting=flags["queue"], speculation=speculation, verbose=flags["verbose"])
+                  max_waiting=flags["queue"], speculation=speculation,
+                  prompt_cache=cache, verbose=flags["verbose"])
 
 
 def _api_key(flags: Mapping[str, Any]) -> str | None:

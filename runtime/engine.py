@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from infer.runtime.errors import InferError
 from infer.runtime.llama import Context, Model
 from infer.runtime.params import ContextParams
+from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.scheduler import Outcome, Request, Scheduler
 from infer.runtime.speculative import SpecParams
 
@@ -45,16 +46,18 @@ class Engine:
     """`parallel` requests at a time through one context of `model` (which the caller owns)."""
 
     def __init__(self, model: Model, params: ContextParams, *, parallel: int,
-                 speculation: SpecParams | None = None, max_waiting: int | None = None) -> None:
+                 speculation: SpecParams | None = None, max_waiting: int | None = None,
+                 prompt_cache: PromptCache | None = None, cache_name: str = "") -> None:
         # Each slot has a KV stream of its own (faster batched decoding), kept between requests.
         self.context = Context(model, replace(params, n_seq_max=parallel, kv_unified=False))
         try:
             self.scheduler = Scheduler(model, self.context, parallel=parallel, speculation=speculation,
-                                       keep_cache=True)
+                                       keep_cache=True, prompt_cache=prompt_cache, cache_name=cache_name)
         except BaseException:
             self.context.close()
             raise
         self.model = model
+        self.prompt_cache = prompt_cache  # long prompt prefixes on disk (None: not used)
         self.parallel = parallel
         self.max_waiting = max_waiting
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -123,6 +126,8 @@ class Engine:
         self._thread.join()
         self.scheduler.close()
         self.context.close()
+        if self.prompt_cache is not None:
+            self.prompt_cache.flush()
 
     @property
     def idle(self) -> bool:

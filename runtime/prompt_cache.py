@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from infer.runtime.atomic import write_atomic
 from infer.runtime.session import common_prefix_len
@@ -56,6 +56,16 @@ def prefix_key(tokens: Sequence[int]) -> str:
     return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()[:32]
 
 
+class StateHolder(Protocol):
+    """What holds one sequence's KV state: a `Session`, or a slot of the scheduler."""
+
+    def fingerprint(self) -> dict[str, object]: ...
+
+    def save_state(self) -> tuple[list[int], bytes]: ...
+
+    def restore_state(self, tokens: list[int], data: bytes) -> bool: ...
+
+
 class PromptCache:
     """The cache in `folder`, kept under `max_bytes`; prefixes shorter than `min_tokens` are skipped."""
 
@@ -66,19 +76,23 @@ class PromptCache:
         self.min_tokens = min_tokens
         self._writers: list[threading.Thread] = []
 
-    def restore(self, session: Any, tokens: Sequence[int], *, min_tokens: int | None = None) -> int:
+    def restore(self, session: StateHolder, tokens: Sequence[int], *, min_tokens: int | None = None,
+                max_tokens: int | None = None) -> int:
         """Load into `session` the cached state that shares the longest prefix with `tokens`.
 
         Returns the length of that shared prefix (0 when no entry shares at least
         `min_tokens`, by default the cache's threshold). The
         session's KV cache then holds the entry's tokens; its next prefill keeps the
-        shared prefix and drops the rest.
+        shared prefix and drops the rest. Entries of more than `max_tokens` tokens
+        (more than the session has room for) are passed over.
         """
         folder = self.folder / binding_key(session.fingerprint())
         candidates = []
         for path in _kv_files(folder):
             header = _read_header(path)
             if header is None:
+                continue
+            if max_tokens is not None and len(header["tokens"]) > max_tokens:
                 continue
             shared = common_prefix_len(header["tokens"], tokens)
             if shared >= max(self.min_tokens if min_tokens is None else min_tokens, 1):
@@ -91,7 +105,7 @@ class PromptCache:
             _remove(path)  # llama.cpp refused it: no use keeping it
         return 0
 
-    def store(self, session: Any, model_name: str, *, min_tokens: int | None = None,
+    def store(self, session: StateHolder, model_name: str, *, min_tokens: int | None = None,
               wait: bool = True) -> None:
         """Save the session's KV state (all the tokens it holds) unless it is cached already.
 
@@ -109,9 +123,9 @@ class PromptCache:
         if wait:
             self._write(*args)
         else:
-            writer = threading.Thread(target=self._write, args=args)
+            writer = threading.Thread(target=self._write, args=args, name="infer-prompt-cache")
             writer.start()
-            self._writers.append(writer)
+            self._writers = [w for w in self._writers if w.is_alive()] + [writer]
 
     def flush(self) -> None:
         """Wait for the background writes."""

@@ -26,6 +26,10 @@ behind ``infer serve``). With ``keep_cache`` a finished slot keeps its KV cells,
 new request goes to the slot holding the longest common prefix of its tokens, or has
 that prefix copied from another slot (a conversation sent again with one more
 message prefills only that message; the ``n`` choices of a request prefill once).
+With a ``prompt_cache`` as well, a request that finds no such prefix in memory loads
+the longest one saved on disk (a server that restarted), and a request's prefill
+saves the state of its ``checkpoint`` prefix there (where its last message begins)
+when it computed at least the cache's threshold of those tokens itself.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from typing import Any
 
 from infer.runtime.errors import InferError
 from infer.runtime.llama import Batch, Context, Model
+from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.sampling import SamplingParams, build_sampler_chain
-from infer.runtime.session import Completion, Timings, Usage, common_prefix_len, take_token
+from infer.runtime.session import Completion, Timings, Usage, common_prefix_len, state_fingerprint, take_token
 from infer.runtime.speculative import CostModel, SpecParams, Speculator, verify
 from infer.runtime.textstream import TextStream
 
@@ -73,6 +78,7 @@ class Request:
     logprobs: int | None = None  # None: none; N: each token's logprob and the N most likely
     on_delta: Callable[[Delta], None] | None = None  # called on the scheduler's thread
     cancelled: bool = False  # set from any thread: the request ends at the next step
+    checkpoint: int = 0  # the prompt cache may save the state of tokens[:checkpoint] (0: never)
 
 
 @dataclass
@@ -130,15 +136,20 @@ class Scheduler:
 
     def __init__(self, model: Model, context: Context, *, parallel: int,
                  shared_prefix: Sequence[int] = (), speculation: SpecParams | None = None,
-                 keep_cache: bool = False) -> None:
+                 keep_cache: bool = False, prompt_cache: PromptCache | None = None,
+                 cache_name: str = "") -> None:
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         if speculation is not None and speculation.type == "draft":
             raise ValueError("the scheduler speculates with prompt lookup only")
         if keep_cache and shared_prefix:
             raise ValueError("keep_cache finds shared prefixes itself")
+        if prompt_cache is not None and not keep_cache:
+            raise ValueError("the prompt cache loads states into slots that keep their cells (keep_cache)")
         self.model, self.context = model, context
         self.keep_cache = keep_cache
+        self.prompt_cache, self.cache_name = prompt_cache, cache_name
+        self._fingerprint: dict[str, object] | None = None
         self.batch = Batch(context.n_batch)
         self.costs = CostModel(self.batch.capacity)  # steps of generating slots only
         first = 1 if shared_prefix else 0  # sequence 0 holds the shared prefix
@@ -265,6 +276,8 @@ class Scheduler:
             return Outcome(request.key, error=error, request=request)
         room = self.slot_cells - own
         slot, donor, shared = self._place(tokens)
+        if self.prompt_cache is not None and shared < self.prompt_cache.min_tokens < len(tokens):
+            slot, donor, shared = self._restore(tokens, slot, donor, shared)
         shared = min(shared, len(tokens) - 1)  # the last prompt token is decoded in the slot, for its logits
         try:
             params = request.params.with_seed()
@@ -308,6 +321,25 @@ class Scheduler:
         slot = min(spare, key=lambda s: (common_prefix_len(s.cache, tokens), s.used))
         return slot, donor.seq_id, best
 
+    def _restore(self, tokens: Sequence[int], slot: _Slot, donor: int | None,
+                 shared: int) -> tuple[_Slot, int | None, int]:
+        """`_place`'s answer, or the least recently used free slot loaded with the longest
+        prefix of `tokens` the prompt cache holds on disk if that is longer."""
+        assert self.prompt_cache is not None
+        target = min((s for s in self.slots if s.request is None), key=lambda s: s.used)
+        before = target.cache
+        held = self.prompt_cache.restore(_SlotState(self, target), tokens, max_tokens=self.slot_cells)
+        if held > shared:
+            return target, None, held
+        if target.cache is not before:  # a state llama.cpp refused emptied the slot: place again
+            return self._place(tokens)
+        return slot, donor, shared
+
+    def fingerprint(self) -> dict[str, object]:
+        if self._fingerprint is None:
+            self._fingerprint = state_fingerprint(self.model, self.context)
+        return self._fingerprint
+
     def _step(self, active: list[_Slot]) -> None:
         """One decode: the next token of each generating slot (and its guesses), then prefill
         chunks as room allows."""
@@ -326,27 +358,44 @@ class Scheduler:
                 batch.add(guess, slot.n_past, slot.seq_id, True)
                 slot.n_past += 1
         wide = len(batch)  # tokens of generating slots; the step is timed if nothing else joins
+        saving = []
         for slot in active:
             room = batch.capacity - len(batch)
             if not slot.prefilling or room == 0:
                 continue
             assert slot.request is not None
             tokens = slot.request.tokens
-            end = min(slot.n_past + room, len(tokens))
+            checkpoint = self._checkpoint(slot)
+            # A chunk ends at the checkpoint, so that the sequence then holds just that prefix.
+            end = min(slot.n_past + room, checkpoint if slot.n_past < checkpoint else len(tokens))
             for pos in range(slot.n_past, end):
                 index = batch.add(tokens[pos], pos, slot.seq_id, pos == len(tokens) - 1)
             self.prefilled_tokens += end - slot.n_past
             slot.n_past = end
             if end == len(tokens):
                 slot.logits_index = index
+            if end == checkpoint:
+                saving.append(slot)
         t0 = time.perf_counter()
         self.context.decode(batch)
         now = time.perf_counter()
+        for slot in saving:  # (the state is copied now and written by a thread of the cache's)
+            assert self.prompt_cache is not None
+            self.prompt_cache.store(_SlotState(self, slot), self.cache_name, wait=False)
         if wide and len(batch) == wide:
             self.costs.observe(wide, now - t0)
         for slot in active:
             if slot.logits_index is not None and not slot.generated:
                 slot.t_prefilled = now
+
+    def _checkpoint(self, slot: _Slot) -> int:
+        """Where the prompt cache saves the slot's state: its request's checkpoint if it
+        computed at least the cache's threshold of those tokens itself (0: nowhere)."""
+        assert slot.request is not None
+        checkpoint = min(slot.request.checkpoint, len(slot.request.tokens))
+        if self.prompt_cache is None or checkpoint - slot.cached < self.prompt_cache.min_tokens:
+            return 0
+        return checkpoint
 
     def _guesses(self, slot: _Slot, after: int, generating: int) -> list[int]:
         """What the slot guesses after its next token (just added to the batch): never past its
@@ -450,6 +499,32 @@ class Scheduler:
         slot.request = None
         slot.used = t_end
         return Outcome(request.key, completion, request=request)
+
+
+class _SlotState:
+    """A slot's sequence as the prompt cache sees it (a `prompt_cache.StateHolder`)."""
+
+    def __init__(self, scheduler: Scheduler, slot: _Slot) -> None:
+        self.scheduler, self.slot = scheduler, slot
+
+    def fingerprint(self) -> dict[str, object]:
+        return self.scheduler.fingerprint()
+
+    def save_state(self) -> tuple[list[int], bytes]:
+        context, slot = self.scheduler.context, self.slot
+        return list(slot.decoded()), context.seq_state(slot.seq_id)
+
+    def restore_state(self, tokens: list[int], data: bytes) -> bool:
+        """Load a state into the (free) slot's sequence; False (and an empty slot) if it does not load."""
+        context, slot = self.scheduler.context, self.slot
+        assert slot.request is None
+        context.memory_seq_rm(slot.seq_id, 0, -1)
+        slot.cache = []
+        if not context.set_seq_state(data, slot.seq_id):
+            context.memory_seq_rm(slot.seq_id, 0, -1)
+            return False
+        slot.cache = list(tokens)
+        return True
 
 
 def token_logprob(logits: Any, token: int, top: int) -> TokenLogprob:

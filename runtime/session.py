@@ -101,6 +101,22 @@ def content_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
+def state_fingerprint(model: Model, context: Context) -> dict[str, object]:
+    """What a saved KV state of one sequence depends on: the model's content, the context's
+    layout (llama.cpp loads a sequence's state only into as many KV streams as it came
+    from), llama.cpp's build."""
+    from infer.runtime.llama import llama_cpp_version
+
+    p = context.params
+    out: dict[str, object] = {
+        "model_digest": content_digest(model.path), "n_ctx": context.n_ctx, "type_k": p.cache_type_k,
+        "type_v": p.cache_type_v, "flash_attn": context.flash_attn, "llama_cpp": llama_cpp_version()}
+    streams = 1 if context.kv_unified else p.n_seq_max
+    if streams > 1:  # (absent for one stream, so that the keys of single-sequence states stay as they were)
+        out["n_stream"] = streams
+    return out
+
+
 def take_token(model: Model, params: SamplingParams, stream: TextStream, generated: list[int],
                limit: int, token: int) -> tuple[str, str | None]:
     """Take one sampled token into `generated` and `stream`: the text it makes final, and why
@@ -240,13 +256,7 @@ class Session:
         return keep
 
     def fingerprint(self) -> dict[str, object]:
-        """What a saved KV state depends on: the model's content, the context's layout, llama.cpp."""
-        from infer.runtime.llama import llama_cpp_version
-
-        p = self.context.params
-        return {"model_digest": content_digest(self.model.path), "n_ctx": self.n_ctx,
-                "type_k": p.cache_type_k, "type_v": p.cache_type_v, "flash_attn": self.context.flash_attn,
-                "llama_cpp": llama_cpp_version()}
+        return state_fingerprint(self.model, self.context)
 
     def save_state(self) -> tuple[list[int], bytes]:
         """The tokens the KV cache holds and its state."""

@@ -115,9 +115,9 @@ class Api:
         body = schema.parse_body(await _read_body(http))
         gen = schema.parse_generation(body, chat=chat)
         served = await self.pool.get(gen.model)
-        tokens, params = await asyncio.to_thread(self._prepare, served, gen)
+        tokens, params, checkpoint = await asyncio.to_thread(self._prepare, served, gen)
         mailbox = Mailbox(asyncio.get_running_loop())
-        requests = self._submit(served, gen, tokens, params, mailbox)
+        requests = self._submit(served, gen, tokens, params, mailbox, checkpoint=checkpoint)
         reply = _Reply(served, gen, len(tokens), self.metrics.of(served.name))
         if gen.stream:
             return StreamingResponse(self._stream(reply, mailbox, requests, served),
@@ -125,9 +125,9 @@ class Api:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._collect(http, reply, mailbox, requests, served)
 
-    def _prepare(self, served: Served, gen: schema.Generation) -> tuple[list[int], SamplingParams]:
-        """The prompt's tokens and the sampling parameters (off the event loop: templates and
-        tokenizing a long prompt take time)."""
+    def _prepare(self, served: Served, gen: schema.Generation) -> tuple[list[int], SamplingParams, int]:
+        """The prompt's tokens, the sampling parameters and the prompt cache's checkpoint (off
+        the event loop: templates and tokenizing a long prompt take time)."""
         from infer.runtime.prompt import chat_prompt
 
         model = served.model
@@ -167,10 +167,22 @@ class Api:
                           "request "
                           f"may use {limit} (the context of {served.engine.context.n_ctx} tokens shared by "
                           f"{served.engine.parallel} parallel slots)", code="context_length_exceeded")
-        return tokens, params
+        return tokens, params, self._checkpoint(served, gen, tokens)
+
+    def _checkpoint(self, served: Served, gen: schema.Generation, tokens: list[int]) -> int:
+        """Where the prompt cache may save the prompt's state: before the last message of a
+        chat (what the next turn of the conversation sends again), the whole of a raw prompt."""
+        cache = served.engine.prompt_cache
+        if cache is None or len(tokens) <= cache.min_tokens:
+            return 0
+        if not gen.chat:
+            return len(tokens)
+        from infer.runtime.prompt import preamble_len
+
+        return preamble_len(served.model, list(gen.messages), tokens, template=self.config.chat_template)
 
     def _submit(self, served: Served, gen: schema.Generation, tokens: list[int], params: SamplingParams,
-                mailbox: Mailbox) -> list[Request]:
+                mailbox: Mailbox, *, checkpoint: int = 0) -> list[Request]:
         requests = []
         try:
             for i in range(gen.n):
@@ -178,7 +190,7 @@ class Api:
                 if params.seed is not None and i:  # the choices differ, and each can be reproduced
                     choice_params = replace(params, seed=(params.seed + i) % 0xFFFFFFFF)
                 request = Request(i, tokens, choice_params, logprobs=gen.logprobs,
-                                  on_delta=_put(mailbox, i))
+                                  on_delta=_put(mailbox, i), checkpoint=checkpoint)
                 served.engine.submit(request, on_done=_put(mailbox, i))
                 requests.append(request)
         except Busy as e:

@@ -20,6 +20,7 @@ from infer.runtime.engine import Engine
 from infer.runtime.errors import InferError, ModelNotFoundError
 from infer.runtime.llama import Model
 from infer.runtime.params import ContextParams
+from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.speculative import SpecParams
 from infer.server.errors import ApiError, busy
 
@@ -48,10 +49,11 @@ class Served:
 class ModelPool:
     def __init__(self, open_model: Callable[[str], Opened], *, default: str | None,
                  listing: Callable[[], list[str]], max_models: int = 1, keep_alive_s: float | None = 300.0,
-                 max_waiting: int = 256, speculation: SpecParams | None = None) -> None:
+                 max_waiting: int = 256, speculation: SpecParams | None = None,
+                 prompt_cache: PromptCache | None = None) -> None:
         self.open_model, self.default, self.listing = open_model, default, listing
         self.max_models, self.keep_alive_s, self.max_waiting = max_models, keep_alive_s, max_waiting
-        self.speculation = speculation
+        self.speculation, self.prompt_cache = speculation, prompt_cache
         self.loaded: dict[str, Served] = {}  # least recently used first
         self.loading: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -93,7 +95,8 @@ class ModelPool:
             try:
                 engine = await asyncio.to_thread(
                     Engine, opened.model, opened.params, parallel=opened.parallel,
-                    speculation=self.speculation, max_waiting=self.max_waiting)
+                    speculation=self.speculation, max_waiting=self.max_waiting,
+                    prompt_cache=self.prompt_cache, cache_name=name)
             except BaseException:
                 opened.model.close()
                 raise

@@ -17,6 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.speculative import SpecParams
 from infer.server.app import Config, create_app
 from infer.server.models import ModelPool, Opened
@@ -27,11 +28,13 @@ log = logging.getLogger("infer.server")
 def serve_forever(sock: socket.socket, open_model: Callable[[str], Opened], *, default: str | None,
                   listing: Callable[[], list[str]], config: Config, max_models: int = 1,
                   keep_alive_s: float | None = 300.0, max_waiting: int = 256,
-                  speculation: SpecParams | None = None, verbose: bool = False) -> None:
+                  speculation: SpecParams | None = None, prompt_cache: PromptCache | None = None,
+                  verbose: bool = False) -> None:
     import uvicorn
 
     pool = ModelPool(open_model, default=default, listing=listing, max_models=max_models,
-                     keep_alive_s=keep_alive_s, max_waiting=max_waiting, speculation=speculation)
+                     keep_alive_s=keep_alive_s, max_waiting=max_waiting, speculation=speculation,
+                     prompt_cache=prompt_cache)
     app = create_app(pool, config, lifespan=_lifespan(pool, config))
     server = _Server(uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
                                     timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5,

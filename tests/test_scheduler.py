@@ -123,3 +123,65 @@ def test_a_shared_prefix_is_prefilled_once_and_copied(tiny_llama, unified):
         with Model(tiny_llama, vocab_only=True) as vocab:
             tokens = prefix + vocab.tokenize(questions[i], add_special=False, parse_special=False)
         assert completion.text == solo(tiny_llama, tokens, params).text
+
+
+def _serve_once(path, tokens, params, *, cache, checkpoint=0, parallel=2):
+    """One request through a fresh context and scheduler that keeps its cells (a server that
+    has just started): its Completion and the logits it sampled from."""
+    logits = []
+    cparams = ContextParams(n_ctx=2048, n_seq_max=parallel, kv_unified=False)
+    with Model(path) as model, Context(model, cparams) as ctx:
+        scheduler = Scheduler(model, ctx, parallel=parallel, keep_cache=True, prompt_cache=cache,
+                              cache_name="tiny")
+        scheduler.on_logits = lambda key, step, row: logits.append(row.copy())
+        assert scheduler.add(Request(0, tokens, params, checkpoint=checkpoint)) is None
+        outcomes = []
+        while scheduler.running:
+            outcomes += scheduler.step()
+        scheduler.close()
+    if cache is not None:
+        cache.flush()
+    assert outcomes[0].error is None
+    return outcomes[0].completion, logits
+
+
+def test_a_restarted_scheduler_loads_a_long_prefix_from_the_prompt_cache(tiny_llama, tmp_path):
+    from infer.runtime.prompt_cache import PromptCache
+
+    cache = PromptCache(tmp_path / "prompts")
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with Model(tiny_llama, vocab_only=True) as vocab:
+        document = tokens_of(vocab, "The quick brown fox jumps over the lazy dog. " * 40)
+        first = document + vocab.tokenize(" Who jumps?", add_special=False, parse_special=False)
+        second = document + vocab.tokenize(" Who is lazy, and why?", add_special=False, parse_special=False)
+    assert len(document) > cache.min_tokens
+
+    done, _ = _serve_once(tiny_llama, first, params, cache=cache, checkpoint=len(document))
+    assert done.usage.cached_tokens == 0
+    assert [e.n_tokens for e in cache.entries()] == [len(document)]  # saved where the question begins
+
+    done, logits = _serve_once(tiny_llama, second, params, cache=cache, checkpoint=len(document))
+    assert done.usage.cached_tokens == len(document)  # loaded, not computed again
+    assert len(cache.entries()) == 1  # nothing new to save
+    fresh, reference = _serve_once(tiny_llama, second, params, cache=None)
+    assert done.tokens == fresh.tokens
+    for row, expected in zip(logits, reference, strict=True):
+        np.testing.assert_allclose(row, expected, atol=1e-3)
+
+
+def test_states_of_another_kv_layout_are_left_alone(tiny_llama, tmp_path):
+    """`infer run` saves states of a single-stream context; a server's context with a stream per
+    slot cannot load them (llama.cpp refuses), so it must not try, nor remove them."""
+    from infer.runtime.prompt_cache import PromptCache
+
+    cache = PromptCache(tmp_path / "prompts")
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    with Model(tiny_llama, vocab_only=True) as vocab:
+        tokens = tokens_of(vocab, "Pack my box with five dozen liquor jugs. " * 40)
+    with Session.open(tiny_llama, ContextParams(n_ctx=2048)) as session:
+        list(session.generate(tokens, params))
+        cache.store(session, "tiny")
+    assert len(cache.entries()) == 1
+    done, _ = _serve_once(tiny_llama, tokens + tokens[1:3], params, cache=cache)
+    assert done.usage.cached_tokens == 0
+    assert len(cache.entries()) == 1

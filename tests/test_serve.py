@@ -454,3 +454,72 @@ def test_a_port_in_use_is_exit_5() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         assert_one_line_error(run_cli("serve", "smollm2", "--port", port), 5, "Address already in use")
+
+
+def test_a_restarted_server_loads_a_long_prefix_from_the_prompt_cache(tmp_path: Path, smollm2: Path) -> None:
+    """The state of a long system prompt is saved on disk as the first request prefills it, and
+    the next server (a restart) loads it for a new question instead of computing it again."""
+    home = tmp_path / "home"
+    system = "Answer from this text. " + "The quick brown fox jumps over the lazy dog. " * 40
+    env = {"INFER_HOME": str(home)}
+
+    def ask(question: str, *flags: str) -> dict:
+        server = Server("smollm2", "-np", "2", "-c", "4096", *flags, home=home)
+        try:
+            r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+                "max_tokens": 16, "temperature": 0, "return_tokens": True})
+            assert r.status_code == 200, r.text
+            return r.json()
+        finally:
+            assert server.stop() == 0
+
+    def saved() -> list[dict]:
+        listed = run_cli("cache", "list", "--json", env=env)
+        assert listed.returncode == 0, listed.stderr
+        return json.loads(listed.stdout)
+
+    ask("Who jumps?", "--no-cache")
+    assert saved() == []
+    first = ask("Who jumps?")
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    entries = saved()
+    assert [e["model"] for e in entries] == ["smollm2"] and entries[0]["tokens"] >= 256
+    question = "Who is lazy?"
+    second = ask(question)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == entries[0]["tokens"]
+    assert len(saved()) == 1  # nothing new to save
+    with Session.open(smollm2, ContextParams(n_ctx=2048)) as session:  # and the reply is right
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        tokens = chat_prompt(session.model, messages).tokens
+        params = SamplingParams(temperature=0, max_tokens=16)
+        *_, done = session.generate(tokens, params)
+        assert_same_or_rounding(session, tokens, done.tokens, second["choices"][0]["tokens"], params,
+                                question)
+
+
+def test_health_is_503_while_the_model_loads(smollm2: Path) -> None:
+    """In-process: a model whose loading is held back keeps /health at 503 ("loading")."""
+    from starlette.testclient import TestClient
+
+    from infer.runtime.llama import Model
+    from infer.server.app import Config, create_app
+    from infer.server.models import ModelPool, Opened
+    from infer.server.run import _lifespan
+
+    release = threading.Event()
+
+    def open_model(name: str) -> Opened:
+        assert release.wait(60)
+        return Opened(Model(smollm2), ContextParams(n_ctx=512), 1, {})
+
+    pool = ModelPool(open_model, default="smollm2", listing=lambda: [], keep_alive_s=None)
+    config = Config()
+    with TestClient(create_app(pool, config, lifespan=_lifespan(pool, config))) as http:
+        loading = http.get("/health")
+        assert loading.status_code == 503 and loading.json() == {"status": "loading", "loading": ["smollm2"]}
+        release.set()
+        end = time.monotonic() + 60
+        while (ready := http.get("/health")).status_code == 503 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert ready.status_code == 200 and ready.json()["loaded"] == ["smollm2"]
