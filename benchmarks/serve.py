@@ -198,10 +198,12 @@ def main() -> None:
         help_text = shown.stdout
         extra = ["--flash-attn", args.flash_attn] if "--flash-attn" in help_text else []
         extra += ["--spec-type", "none"] if "--spec-type" in help_text else []  # llama-server: none
+        extra += ["--no-cache"] if "--no-cache" in help_text else []  # (llama-server: -cram 0)
         sides["infer serve"] = [*infer, model, "--parallel", str(args.parallel), *common, *extra]
     if args.only != "infer":
         # -no-kvu: a KV stream per slot, -c split among them (as infer); -cram 0: no prompt cache
-        # in host memory (infer serve has none; the shared-prefix reuse within a slot stays on).
+        # in host memory (infer serve runs with --no-cache, its disk prompt cache off; the
+        # shared-prefix reuse within a slot stays on for both).
         sides["llama-server"] = [str(args.llama_bin / "llama-server"), "-m", model, "-np", str(args.parallel),
                                  *common, "-fa", args.flash_attn, "-no-kvu", "-cram", "0", "--no-webui"]
     payloads = [body(p, args.max_tokens, args.ignore_eos) for p in prompts(args.requests)]
