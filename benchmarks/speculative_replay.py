@@ -12,7 +12,8 @@ then drives the speculator with each reply instead of the model. A step costs wh
 batch of its size costs in the profile; a guess is right where it equals the reply.
 The figure is the reply's tokens over the steps' summed cost (the speed-up over
 decoding one token at a time), for the default policy and for fixed lengths of the
-same prompt lookup.
+same prompt lookup; and the oracle, the bound of any length policy over this lookup
+(each step verifies exactly the guesses that prove right).
 """
 
 from __future__ import annotations
@@ -53,6 +54,29 @@ def replay(prompt: Sequence[int], reply: Sequence[int], params: SpecParams,
     return len(reply) / cost, drafted, accepted
 
 
+def oracle(prompt: Sequence[int], reply: Sequence[int], n_max: int, profile: dict) -> tuple[float, int, int]:
+    """The bound of any length policy over this prompt lookup: each step verifies exactly the
+    guesses that will prove right (up to n_max), none when the first is wrong."""
+    spec = Speculator(SpecParams(n_max=n_max), profile=profile)
+    lookup = spec.proposer
+    lookup.sync(prompt)
+    pos, cost, accepted = 0, 0.0, 0
+    while pos < len(reply):
+        lookup.extend([reply[pos]])
+        room = min(len(reply) - pos - 1, n_max)
+        proposal = lookup.propose(room) if room > 0 else None
+        guesses = proposal.tokens if proposal is not None else []
+        right = 0
+        while right < len(guesses) and guesses[right] == reply[pos + 1 + right]:
+            right += 1
+        lookup.advanced(right + 1)
+        lookup.extend(guesses[:right])
+        cost += spec.costs.cost(right + 1)
+        accepted += right
+        pos += right + 1
+    return len(reply) / cost, accepted, accepted
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
@@ -88,12 +112,14 @@ def main() -> None:
                                                                        key=lambda kv: int(kv[0]))))
     sides = {"auto": SpecParams(), **{f"fixed {k}": SpecParams(type="ngram", n_min=k, n_max=k)
                                       for k in lengths}}
-    print(f"{'reply':<28}" + "".join(f"{name:>17}" for name in sides))
+    print(f"{'reply':<28}" + "".join(f"{name:>17}" for name in [*sides, "oracle"]))
     for name, (prompt, reply) in replies.items():
         cells = []
         for params in sides.values():
             speed, drafted, accepted = replay(prompt, reply, params, profile)
             cells.append(f"{speed:.3f} ({accepted}/{drafted})")
+        speed, drafted, accepted = oracle(prompt, reply, SpecParams().n_max, profile)
+        cells.append(f"{speed:.3f} ({accepted}/{drafted})")
         print(f"{name:<28}" + "".join(f"{c:>17}" for c in cells))
 
 
