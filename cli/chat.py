@@ -7,6 +7,7 @@ message per line (or per triple-quoted block) and prints each reply: scriptable.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import fields
@@ -323,14 +324,15 @@ class ChatState:
 
         reply = None
         try:
-            for event in events:
-                if isinstance(event, Piece):
-                    reply = reply or self.reply()
-                    reply.write(event.text)
-                elif isinstance(event, Dropped):
-                    _note(f"context full: dropped the {event.exchanges} oldest exchange(s)")
-                elif isinstance(event, Completion):
-                    self.last = event
+            with _keys_held():
+                for event in events:
+                    if isinstance(event, Piece):
+                        reply = reply or self.reply()
+                        reply.write(event.text)
+                    elif isinstance(event, Dropped):
+                        _note(f"context full: dropped the {event.exchanges} oldest exchange(s)")
+                    elif isinstance(event, Completion):
+                        self.last = event
         except KeyboardInterrupt:
             if not sys.stdin.isatty():
                 raise
@@ -341,6 +343,34 @@ class ChatState:
         finally:
             if reply:
                 reply.close()
+
+
+@contextlib.contextmanager
+def _keys_held() -> Iterator[None]:
+    """While a reply streams on a terminal, keys typed are not echoed (an echoed Enter
+    scrolls the screen under the reply being redrawn in place, which then leaves copies of
+    itself) and not lost: they wait in the terminal's queue, and the next prompt reads them
+    (type-ahead, Enter included). Ctrl-C still stops the reply."""
+    if not sys.stdin.isatty():
+        yield
+        return
+    import termios
+
+    fd = sys.stdin.fileno()
+    try:
+        saved = termios.tcgetattr(fd)
+    except termios.error:
+        yield
+        return
+    held = list(saved)
+    held[3] = saved[3] & ~(termios.ECHO | termios.ICANON)  # (ISIG stays: Ctrl-C is a signal)
+    held[6] = list(saved[6])
+    held[6][termios.VMIN], held[6][termios.VTIME] = 1, 0
+    termios.tcsetattr(fd, termios.TCSANOW, held)  # TCSANOW: what was typed stays queued
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 _PARAM_ALIASES = {"temp": "temperature", "max-tokens": "max_tokens", "num_ctx": "ctx", "ctx-size": "ctx",

@@ -6,6 +6,7 @@ so the assertions are about the screen, not about escape sequences.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -24,19 +25,25 @@ ROWS, COLS = 300, 200
 class Terminal:
     """`infer chat ARGS...` in a pseudo-terminal of ROWS x COLS."""
 
-    def __init__(self, *args: object) -> None:
-        self.screen = pyte.Screen(COLS, ROWS)
+    def __init__(self, *args: object, rows: int = ROWS, cols: int = COLS) -> None:
+        self.screen = pyte.HistoryScreen(cols, rows, history=10000)  # (what scrolled off is kept)
         self.stream = pyte.ByteStream(self.screen)
         env = {**os.environ, "TERM": "xterm-256color", "PROMPT_TOOLKIT_NO_CPR": "1"}
         self.child = pexpect.spawn(CLI[0], [*CLI[1:], "chat", *map(str, args)], env=env,
-                                   dimensions=(ROWS, COLS))
+                                   dimensions=(rows, cols))
         self.wait_for(lambda text: self.prompts() == 1, "the first prompt")
 
+    def lines(self) -> list[str]:
+        """Every line the terminal has shown: those scrolled off the top, then the screen."""
+        cols = self.screen.columns
+        scrolled = ["".join(line[x].data for x in range(cols)) for line in self.screen.history.top]
+        return [line.rstrip() for line in scrolled + self.screen.display]
+
     def text(self) -> str:
-        return "\n".join(line.rstrip() for line in self.screen.display).rstrip()
+        return "\n".join(self.lines()).rstrip()
 
     def prompts(self) -> int:
-        return sum(line.startswith(">>>") for line in self.screen.display)
+        return sum(line.startswith(">>>") for line in self.lines())
 
     def wait_for(self, check: Callable[[str], bool] | str, what: str = "", timeout: float = 60) -> str:
         """Read the child's output until `check` holds for the screen (or the text appears)."""
@@ -83,8 +90,8 @@ class Terminal:
 def terminals():
     opened: list[Terminal] = []
 
-    def open_terminal(*args: object) -> Terminal:
-        opened.append(Terminal(*args))
+    def open_terminal(*args: object, **size: int) -> Terminal:
+        opened.append(Terminal(*args, **size))
         return opened[-1]
 
     yield open_terminal
@@ -228,3 +235,29 @@ def test_replies_are_rendered_as_markdown_unless_plain(terminals, tiny_qwen):
     plain = terminals(tiny_qwen, "-n", "40", "--temp", "0", "--grammar", GRAMMAR, "--plain")
     plain.enter("Show me Markdown")
     assert plain.since_last_prompt().strip() == "# Heading\n\nSome **bold** words.\n\n```\ncode line\n```"
+
+
+TYPE_AHEAD_GRAMMAR = (r'root ::= "Start of the reply.\n\n" ("Some more **text** here.\n\n"){100} '
+                      r'"End of the reply.\n"')
+
+
+def test_keys_typed_while_a_reply_streams_wait_for_the_next_prompt(terminals, tiny_qwen, infer_home):
+    """Typing during a reply, Enter included, neither tears the reply redrawn in place (the
+    keys are not echoed into it) nor is lost: the keys are the next message (type-ahead)."""
+    t = terminals(tiny_qwen, "-n", "4000", "-c", "8192", "--temp", "0", "--grammar", TYPE_AHEAD_GRAMMAR,
+                  rows=40, cols=120)
+    t.type("Write something long\r")
+    t.wait_for(lambda text: text.count("Some more text here.") >= 10, "the reply under way")
+    assert "End of the reply." not in t.text()
+    t.type("next question\r")
+    t.wait_for(lambda _: t.prompts() == 3, "the prompt after the second reply")
+    lines = t.lines()
+    prompts = [i for i, line in enumerate(lines) if line.startswith(">>>")]
+    assert [lines[i] for i in prompts] == [">>> Write something long", ">>> next question", ">>>"], t.text()
+    for start, end in itertools.pairwise(prompts):  # each reply: drawn once, nothing typed in it
+        reply = "\n".join(lines[start + 1:end])
+        assert reply.count("Start of the reply.") == 1 and reply.count("End of the reply.") == 1, t.text()
+        assert reply.count("Some more text here.") == 100 and "next question" not in reply, t.text()
+    t.enter("/save typed")
+    users = [m["content"] for m in saved_messages(infer_home, "typed") if m["role"] == "user"]
+    assert users == ["Write something long", "next question"]
