@@ -114,6 +114,10 @@ Rpc = Annotated[str | None, typer.Option(
 # run and chat: the KV states of long prompts kept in INFER_HOME/cache/prompts.
 NO_CACHE = ("no_cache", Annotated[bool, typer.Option(
     "--no-cache", help="Do not use or fill the prompt cache on disk (infer cache list).")], False)
+# run (and later chat, batch): send the work to a running `infer serve` instead of loading the model.
+SERVER = ("server", Annotated[str | None, typer.Option(
+    "--server", help="Send the request to this running `infer serve` (http://HOST:PORT or unix:PATH) instead "
+                     "of loading the model here (default: $INFER_SERVER).", show_default=False)], None)
 Explain = Annotated[bool, typer.Option(
     "--explain", help="Print where the model would go in memory (the plan) and exit.",
     rich_help_panel=CONTEXT)]
@@ -342,6 +346,11 @@ _MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("spec_draft_n_max", SpecDraftNMax, None), ("spec_draft_n_min", SpecDraftNMin, None),
     ("draft_p_min", DraftPMin, None), ("spec_ngram_size", SpecNgramSize, None),
 )
+
+
+def defaults(command: Callable[..., Any]) -> dict[str, Any]:
+    """Each flag of a `model_command` and its default value."""
+    return {name: p.default for name, p in inspect.signature(command).parameters.items() if name != "ctx"}
 
 
 def model_command(*own: tuple[str, Any, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

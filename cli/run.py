@@ -14,7 +14,7 @@ from infer.cli import options as o
 from infer.cli.errors import shielded
 from infer.cli.placement import explain, place, report
 from infer.cli.stdin import combine_prompt
-from infer.runtime.errors import UsageError
+from infer.runtime.errors import InferError, UsageError
 
 
 @o.model_command(
@@ -40,6 +40,7 @@ from infer.runtime.errors import UsageError
     ("json_output", Annotated[bool, typer.Option(
         "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)],
      False),
+    o.SERVER,
 )
 def run(ctx: typer.Context, **flags: Any) -> None:
     """Generate a reply to PROMPT and stream it to stdout."""
@@ -71,6 +72,13 @@ def execute(flags: Mapping[str, Any]) -> None:
         model, prompt_arg = record.model, model  # `infer run -C "next question"`
     if model is None:
         raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT])")
+    from infer.cli import remote
+
+    where = remote.address(flags)
+    if where is not None:  # the model is loaded there: send the request, print the same
+        remote.refuse_local_flags(flags, o.defaults(run))
+        _execute_remote(flags, where, model, prompt_arg, record, overrides)
+        return
     resolved = o.resolve({**flags, "model": model})
     entry = resolved.entry  # an alias's defaults apply unless a flag says otherwise
     placed = place(resolved.path, o.model_context_params(flags, entry))
@@ -103,12 +111,7 @@ def execute(flags: Mapping[str, Any]) -> None:
                 raise UsageError("the prompt is empty")
             prompt = raw_prompt(session.model, text)
         else:
-            record = record or conversations.Record.new(resolved.reference)
-            record.model = resolved.reference
-            if system is not None:
-                record.messages = [m for m in record.messages if m["role"] != "system"]
-                record.messages.insert(0, {"role": "system", "content": system})
-            record.messages.append({"role": "user", "content": text})
+            record = _ask(record, resolved.reference, system, text)
             prompt = chat_prompt(session.model, record.messages, template=template)
             if cache is not None:  # where the prompt cache saves a state: two more renderings
                 preamble = preamble_len(session.model, record.messages, prompt.tokens, template=template)
@@ -119,20 +122,115 @@ def execute(flags: Mapping[str, Any]) -> None:
         completion = _generate_cached(session, prompt.tokens, params, cache, name=resolved.reference,
                                       preamble=preamble, continuing=continuing,
                                       stream=not flags["json_output"])
-    if record is not None:
-        record.messages.append({"role": "assistant", "content": completion.text})
-        conversations.save(record)
     if resolved.repo is not None or resolved.package is not None:
         from infer.quant.store import record_use
 
         record_use(resolved.path)
+    _report(flags, resolved.reference, completion, record)
+
+
+def _ask(record: Any, model: str, system: str | None, text: str) -> Any:
+    """The conversation with the user's message added (a new one if `record` is None)."""
+    from infer.cli import conversations
+
+    record = record or conversations.Record.new(model)
+    record.model = model
+    if system is not None:
+        record.messages = [m for m in record.messages if m["role"] != "system"]
+        record.messages.insert(0, {"role": "system", "content": system})
+    record.messages.append({"role": "user", "content": text})
+    return record
+
+
+def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any) -> None:
+    """After the reply: the conversation saved, --json's object, -v's statistics."""
+    from infer.cli import conversations
+
+    if record is not None:
+        record.messages.append({"role": "assistant", "content": completion.text})
+        conversations.save(record)
     if flags["json_output"]:
-        result = result_json(resolved.reference, completion)
+        result = result_json(model, completion)
         if record is not None:
             result["conversation"] = record.id
         _write(json.dumps(result, ensure_ascii=False) + "\n")
     if flags["verbose"]:
         _print_stats(completion, record.id if record else None)
+
+
+def _execute_remote(flags: Mapping[str, Any], where: str, model: str, prompt_arg: str | None, record: Any,
+                    overrides: Mapping[str, Any]) -> None:
+    """`infer run` through the server at `where`: the same prompt, output and exit codes."""
+    from infer.cli import remote
+
+    fields = remote.request_fields(overrides)
+    text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
+    if flags["raw"]:
+        if not text:
+            raise UsageError("the prompt is empty")
+        path, body = "/v1/completions", {"prompt": text}
+    else:
+        system = flags["system"]
+        if system is None and record is None:
+            system = _alias_system(model)
+        record = _ask(record, model, system, text)
+        path, body = "/v1/chat/completions", {"messages": record.messages}
+    body.update(model=model, stream=True, stream_options={"include_usage": True}, **fields)
+    completion = _remote_generate(where, path, body, stream=not flags["json_output"])
+    _report(flags, model, completion, record)
+
+
+def _alias_system(model: str) -> str | None:
+    """The system prompt an alias of models.toml gives, as `infer run` applies it locally."""
+    from infer.quant.catalog import load_catalog
+
+    try:
+        catalog = load_catalog()
+    except InferError:
+        return None
+    entry = catalog.get(model) or next((e for e in catalog.values() if model in (e.aliases or ())), None)
+    return entry.system if entry is not None else None
+
+
+def _remote_generate(where: str, path: str, body: Mapping[str, Any], *, stream: bool) -> Any:
+    """Stream the server's reply to stdout (unless `stream` is off); a Completion of it."""
+    from infer.cli import remote
+    from infer.runtime.session import Completion, Timings, Usage
+
+    pieces: list[str] = []
+    usage: dict[str, Any] = {}
+    ours: dict[str, Any] = {}
+    finish = "length"
+    events = remote.stream_events(where, path, body)
+    try:
+        for event in events:
+            for choice in event.get("choices") or ():
+                piece = choice["delta"].get("content") if "delta" in choice else choice.get("text")
+                if piece:
+                    pieces.append(piece)
+                    if stream:
+                        _write(piece)
+                if choice.get("finish_reason"):
+                    finish = "eos" if choice["finish_reason"] == "stop" else choice["finish_reason"]
+            usage = event.get("usage") or usage
+            ours = event.get("infer") or ours
+    except KeyboardInterrupt:
+        events.close()  # the server stops the request at its next step
+        if stream and pieces and not pieces[-1].endswith("\n"):
+            _write("\n")
+        raise
+    text = "".join(pieces)
+    if stream and text and not text.endswith("\n"):
+        _write("\n")
+    t = ours.get("timings") or {}
+    return Completion(
+        text, ours.get("finish_reason", finish),
+        Usage(usage.get("prompt_tokens", 0),
+              (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+              usage.get("completion_tokens", 0), ours.get("draft_tokens", 0), ours.get("accepted_tokens", 0)),
+        Timings(0.0, t.get("prefill_ms", 0.0), t.get("decode_ms", 0.0), t.get("ttft_ms", 0.0),
+                t.get("prefill_tokens", 0)),
+        ours.get("seed"))
 
 
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,

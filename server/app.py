@@ -268,6 +268,7 @@ class _Reply:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.error: str | None = None
+        self.first: Any = None  # the first choice's Completion (for the `infer` extension)
 
     def add(self, choice: int, delta: Delta) -> None:
         self.texts[choice] += delta.text
@@ -285,6 +286,7 @@ class _Reply:
         self.completion_tokens += completion.usage.completion_tokens
         if choice == 0:
             self.cached_tokens = completion.usage.cached_tokens
+            self.first = completion
         reason = "abort" if completion.finish_reason == "cancelled" else self.finish[choice]
         self.metrics.ended(completion.usage, completion.timings, reason)
 
@@ -292,6 +294,18 @@ class _Reply:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def extension(self) -> dict[str, Any]:
+        """infer's own figures of the first choice, as `infer run --json` reports them (what
+        `infer run` prints through a server): why it ended, the seed, speculation, timings."""
+        c = self.first
+        if c is None:
+            return {}
+        t = c.timings
+        return {"infer": {"finish_reason": c.finish_reason, "seed": c.seed,
+                          "draft_tokens": c.usage.draft_tokens, "accepted_tokens": c.usage.accepted_tokens,
+                          "timings": {"prefill_ms": t.prefill_ms, "decode_ms": t.decode_ms,
+                                      "ttft_ms": t.ttft_ms, "prefill_tokens": t.prefill_tokens}}}
 
     def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
         if self.gen.logprobs is None:
@@ -331,7 +345,7 @@ class _Reply:
             for i, choice in enumerate(choices):
                 choice["tokens"] = self.tokens[i]
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "choices": choices, "usage": self.usage(), "system_fingerprint": None}
+                "choices": choices, "usage": self.usage(), "system_fingerprint": None, **self.extension()}
 
     def chunk(self, choice: int, delta: dict[str, Any], finish: str | None = None,
               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -355,7 +369,7 @@ class _Reply:
     def usage_chunk(self) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.gen.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "choices": [], "usage": self.usage(), "system_fingerprint": None}
+                "choices": [], "usage": self.usage(), "system_fingerprint": None, **self.extension()}
 
 
 def _offsets(pieces: list[str]) -> list[int]:

@@ -131,11 +131,12 @@ def assert_one_line_error(result: Result, code: int, *fragments: str) -> None:
         assert fragment in lines[0], (fragment, lines[0])
 
 
-def assert_ctrl_c_keeps_the_text(args: list[str], stdin: Any = subprocess.DEVNULL, wait: float = 0.3) -> None:
+def assert_ctrl_c_keeps_the_text(args: list[str], stdin: Any = subprocess.DEVNULL, wait: float = 0.3,
+                                 env: dict[str, str] | None = None) -> None:
     """Run `infer ARGS`, press Ctrl-C once its text has started: exit 130, the text so far on
     stdout, one line on stderr."""
     proc = subprocess.Popen([*CLI, *args], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=os.environ.copy())
+                            env={**os.environ, **(env or {})})
     assert proc.stdout is not None
     first = proc.stdout.read(1)  # generation has started
     assert first

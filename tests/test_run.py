@@ -1,72 +1,111 @@
-"""`infer run` through the real CLI: determinism, stopping, JSON, stdin rules, exit codes."""
+"""`infer run` through the real CLI: determinism, stopping, JSON, stdin rules, exit codes.
+
+The tests marked with the `infer_run` fixture run twice: with the model loaded in the
+process, and through a running `infer serve` (INFER_SERVER), with the same assertions.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
 
+import httpx
 import pytest
 from conftest import CLI, assert_ctrl_c_keeps_the_text, assert_one_line_error, run_cli
+from serve_helpers import Server
 
 
-def run_json(model, *args, **kw):
-    r = run_cli("run", model, *args, "--json", **kw)
+@pytest.fixture(scope="module")
+def tiny_qwen_server(tiny_qwen, tmp_path_factory):
+    server = Server(str(tiny_qwen), "-np", "2", "-c", "8192", home=tmp_path_factory.mktemp("server-home"))
+    yield server
+    assert server.stop() == 0, "".join(server.log)
+
+
+@pytest.fixture(params=["local", "server"])
+def infer_run(request, tiny_qwen):
+    """`infer run TINY_QWEN ARGS...`, in this process's model or through a server."""
+    env = {}
+    if request.param == "server":
+        env["INFER_SERVER"] = request.getfixturevalue("tiny_qwen_server").url
+
+    def call(*args, **kw):
+        return run_cli("run", tiny_qwen, *args, env={**env, **kw.pop("env", {})}, **kw)
+
+    call.mode, call.env = request.param, env
+    return call
+
+
+def run_json(infer_run, *args, **kw):
+    r = infer_run(*args, "--json", **kw)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-def test_same_seed_same_text(tiny_qwen):
-    args = ("run", tiny_qwen, "Hello", "-n", "16", "--seed", "7", "--temp", "0.8")
-    first, second = run_cli(*args), run_cli(*args)
+def test_same_seed_same_text(infer_run):
+    args = ("Hello", "-n", "16", "--seed", "7", "--temp", "0.8")
+    first, second = infer_run(*args), infer_run(*args)
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout
     assert len(first.stdout.strip()) > 0
-    other = run_cli("run", tiny_qwen, "Hello", "-n", "16", "--seed", "8", "--temp", "0.8")
+    other = infer_run("Hello", "-n", "16", "--seed", "8", "--temp", "0.8")
     assert other.stdout != first.stdout
 
 
-def test_greedy_is_deterministic_without_seed(tiny_qwen):
-    a = run_json(tiny_qwen, "Hello", "-n", "12", "--temp", "0")
-    b = run_json(tiny_qwen, "Hello", "-n", "12", "--temp", "0")
+def test_greedy_is_deterministic_without_seed(infer_run):
+    a = run_json(infer_run, "Hello", "-n", "12", "--temp", "0")
+    b = run_json(infer_run, "Hello", "-n", "12", "--temp", "0")
     assert a["text"] == b["text"]
 
 
-def test_json_result_fields(tiny_qwen):
-    out = run_json(tiny_qwen, "Hello", "-n", "8", "--seed", "1")
+def test_json_result_fields(infer_run):
+    out = run_json(infer_run, "Hello there, JSON", "-n", "8", "--seed", "1")
     assert out["finish_reason"] == "length"
     assert out["text"]
     assert out["seed"] == 1
     assert out["usage"]["completion_tokens"] == 8
     assert out["usage"]["prompt_tokens"] > 1
-    assert out["usage"]["cached_tokens"] == 0
-    for key in ("load_ms", "prefill_ms", "decode_ms", "ttft_ms",
+    assert out["usage"]["cached_tokens"] < out["usage"]["prompt_tokens"]
+    assert {"draft_tokens", "accepted_tokens"} <= set(out["usage"])
+    loaded = ("load_ms",) if infer_run.mode == "local" else ()  # a server's model was loaded before
+    for key in (*loaded, "prefill_ms", "decode_ms", "ttft_ms",
                 "prefill_tokens_per_second", "decode_tokens_per_second"):
         assert out["timings"][key] > 0, key
 
 
-def test_random_seed_is_reported_and_reproduces(tiny_qwen):
-    first = run_json(tiny_qwen, "Hi", "-n", "10")
-    again = run_json(tiny_qwen, "Hi", "-n", "10", "--seed", str(first["seed"]))
+def test_the_same_reply_with_and_without_a_server(tiny_qwen, tiny_qwen_server):
+    """Greedy, one request at a time: the server's slot decodes as the process does."""
+    args = ("run", tiny_qwen, "Tell me about rivers", "-n", "24", "--temp", "0", "--json")
+    here = json.loads(run_cli(*args, "--spec-type", "none").stdout)
+    there = json.loads(run_cli(*args, env={"INFER_SERVER": tiny_qwen_server.url}).stdout)
+    assert there["text"] == here["text"] and there["usage"]["prompt_tokens"] == here["usage"]["prompt_tokens"]
+
+
+def test_random_seed_is_reported_and_reproduces(infer_run):
+    first = run_json(infer_run, "Hi", "-n", "10")
+    again = run_json(infer_run, "Hi", "-n", "10", "--seed", str(first["seed"]))
     assert again["text"] == first["text"]
 
 
-def test_stop_string_ends_output_and_is_not_printed(tiny_qwen):
-    full = run_json(tiny_qwen, "Hello", "-n", "24", "--seed", "3")["text"]
+def test_stop_string_ends_output_and_is_not_printed(infer_run):
+    full = run_json(infer_run, "Hello", "-n", "24", "--seed", "3")["text"]
     stop = full[len(full) // 2: len(full) // 2 + 3]
     assert stop.strip()
-    out = run_json(tiny_qwen, "Hello", "-n", "24", "--seed", "3", "--stop", stop)
+    out = run_json(infer_run, "Hello", "-n", "24", "--seed", "3", "--stop", stop)
     assert out["finish_reason"] == "stop"
     assert out["text"] == full[: full.index(stop)]
 
 
-def test_max_tokens_limits_output(tiny_qwen):
-    out = run_json(tiny_qwen, "Hello", "-n", "5", "--seed", "3")
+def test_max_tokens_limits_output(infer_run):
+    out = run_json(infer_run, "Hello", "-n", "5", "--seed", "3")
     assert out["usage"]["completion_tokens"] == 5
     assert out["finish_reason"] == "length"
 
 
-def test_plain_stdout_ends_with_newline_and_has_no_escape_codes(tiny_qwen):
-    r = run_cli("run", tiny_qwen, "Hello", "-n", "6", "--seed", "5")
+def test_plain_stdout_ends_with_newline_and_has_no_escape_codes(infer_run):
+    r = infer_run("Hello", "-n", "6", "--seed", "5")
     assert r.returncode == 0
     assert r.stdout.endswith("\n")
     assert "\x1b[" not in r.stdout
@@ -82,6 +121,34 @@ def test_verbose_reports_statistics_on_stderr(tiny_qwen):
     lines = r.stderr.splitlines()
     assert "llama_context: constructing llama_context" in lines
     assert "." not in lines and any(set(line) == {"."} and len(line) > 1 for line in lines)
+
+
+def test_verbose_through_a_server_reports_statistics_on_stderr(tiny_qwen, tiny_qwen_server):
+    r = run_cli("run", tiny_qwen, "Hello", "-n", "4", "--seed", "5", "-v",
+                env={"INFER_SERVER": tiny_qwen_server.url})
+    assert r.returncode == 0, r.stderr
+    assert "completion: 4 tokens" in r.stderr and "tokens/s" in r.stderr
+
+
+@pytest.mark.parametrize("flags", [["-c", "512"], ["-t", "1"], ["--spec-type", "none"], ["--explain"],
+                                   ["--show-prompt"], ["--no-cache"], ["-fa", "on"]])
+def test_flags_a_server_owns_are_usage_errors_through_it(tiny_qwen, tiny_qwen_server, flags):
+    r = run_cli("run", tiny_qwen, "Hello", *flags, env={"INFER_SERVER": tiny_qwen_server.url})
+    assert_one_line_error(r, 2, flags[0].split("/")[0], "infer serve")
+
+
+def test_a_server_that_cannot_be_reached_is_exit_4_naming_it(tiny_qwen):
+    for where in ["http://127.0.0.1:9", "unix:/nonexistent/infer.sock"]:
+        r = run_cli("run", tiny_qwen, "Hello", env={"INFER_SERVER": where})
+        assert_one_line_error(r, 4, where)
+
+
+def test_server_errors_keep_their_exit_codes(tiny_qwen_server):
+    env = {"INFER_SERVER": tiny_qwen_server.url}
+    assert_one_line_error(run_cli("run", "no-such-model", "Hello", env=env), 3, "no-such-model")
+    assert_one_line_error(run_cli("run", "/elsewhere/m.gguf", "Hello", env=env), 3, "path")
+    r = run_cli("run", str(tiny_qwen_server.args[0]), "Hello", "-n", "100000", env=env)
+    assert_one_line_error(r, 2, "context")
 
 
 # --- stdin rules (the rendered prompt shows what the model would see) --------
@@ -210,16 +277,27 @@ def test_template_reaching_python_internals_is_refused(tiny_qwen, tmp_path):
 
 # --- pipes and signals ---------------------------------------------------------
 
-def test_closed_pipe_ends_quietly(tiny_qwen):
+def test_closed_pipe_ends_quietly(infer_run, tiny_qwen):
     cmd = " ".join(f"'{a}'" for a in [*CLI, "run", tiny_qwen, "Hello", "-n", "200",
                                       "--seed", "1", "--ignore-eos"])
     proc = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd} </dev/null | head -c 20"],
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=120, env={**os.environ, **infer_run.env})
     assert len(proc.stdout) == 20
     assert proc.stderr == b"", proc.stderr.decode()
     assert proc.returncode == 0
 
 
-def test_ctrl_c_stops_generation_keeps_text_and_exits_130(tiny_qwen):
-    assert_ctrl_c_keeps_the_text(["run", str(tiny_qwen), "Hello", "-c", "4096", "--ignore-eos",
-                                  "--seed", "1"])
+def test_ctrl_c_stops_generation_keeps_text_and_exits_130(infer_run, tiny_qwen):
+    context = ["-c", "4096"] if infer_run.mode == "local" else []
+    assert_ctrl_c_keeps_the_text(["run", str(tiny_qwen), "Hello", *context, "-n", "3000", "--ignore-eos",
+                                  "--seed", "1"], env=infer_run.env)
+    if infer_run.mode == "server":  # the request was cancelled on the server: its slot is free
+        server = infer_run.env["INFER_SERVER"]
+        for _ in range(100):
+            running = [line for line in httpx.get(server + "/metrics", timeout=10).text.splitlines()
+                       if line.startswith("infer:num_requests_running")]
+            if running and all(line.endswith(" 0") or line.endswith(" 0.0") for line in running):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"still running on the server: {running}")

@@ -1,0 +1,196 @@
+"""`infer run` through a running `infer serve`: the same output, with the model already loaded.
+
+`--server URL` or `INFER_SERVER=URL` (``http://HOST:PORT``, or ``unix:PATH`` for a Unix
+socket) sends the request to that server instead of loading the model here. What the
+command prints is unchanged: the text streamed to stdout, the same `--json` fields
+(the server adds infer's own figures to its last chunk), the same exit codes. A server
+that cannot be reached is exit 4, never a silent fall-back to loading the model here.
+Flags that only make sense where the model is loaded (context, threads, devices,
+speculation...) are the server's: given here, they are a usage error.
+
+Only the standard library's HTTP client: nothing of llama.cpp, Jinja or an HTTP
+framework is imported on this path.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, ResourceError, UsageError
+
+SERVER_VARIABLE = "INFER_SERVER"
+API_KEY_VARIABLE = "INFER_API_KEY"  # sent as `Authorization: Bearer KEY` (infer serve --api-key)
+CONNECT_TIMEOUT_S = 10.0
+
+# Flags whose work happens where the model is loaded: (flag name, how the user wrote it).
+# Given with --server, they are refused (the server was started with its own).
+SERVER_SIDE = {
+    "ctx_size": "-c/--ctx-size", "batch_size": "-b/--batch-size", "ubatch_size": "-ub/--ubatch-size",
+    "threads": "-t/--threads", "gpu_layers": "-ngl/--gpu-layers", "flash_attn": "-fa/--flash-attn",
+    "cache_type_k": "-ctk/--cache-type-k", "cache_type_v": "-ctv/--cache-type-v", "no_mmap": "--no-mmap",
+    "tensor_split": "-ts/--tensor-split", "rpc": "--rpc", "explain": "--explain", "spec_type": "--spec-type",
+    "model_draft": "-md/--model-draft", "spec_draft_n_max": "--spec-draft-n-max",
+    "spec_draft_n_min": "--spec-draft-n-min", "draft_p_min": "--draft-p-min",
+    "spec_ngram_size": "--spec-ngram-size", "dry_sequence_breaker": "--dry-sequence-breaker",
+    "chat_template_file": "--chat-template-file", "show_prompt": "--show-prompt", "no_cache": "--no-cache",
+}
+
+# SamplingParams fields the server takes under the same name (OpenAI's and llama-server's).
+_SAME_NAME = frozenset({
+    "temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "top_k", "min_p", "typical_p",
+    "repeat_penalty", "repeat_last_n", "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier",
+    "dry_base", "dry_allowed_length", "dry_penalty_last_n", "xtc_probability", "xtc_threshold",
+    "ignore_eos", "grammar", "max_tokens"})
+
+
+def address(flags: Mapping[str, Any]) -> str | None:
+    """The server to use: --server, else INFER_SERVER; None: load the model here."""
+    given = flags.get("server") or os.environ.get(SERVER_VARIABLE, "").strip()
+    return given or None
+
+
+def refuse_local_flags(flags: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """A usage error naming the first flag given that only the server can honour."""
+    for name, spelled in SERVER_SIDE.items():
+        value, default = flags.get(name), defaults.get(name)
+        if value != default and not (_empty(value) and _empty(default)):
+            raise UsageError(f"{spelled} is set where the model is loaded: give it to `infer serve`, not "
+                             "to a command sent to a server (--server / INFER_SERVER)")
+
+
+def request_fields(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's sampling fields from infer's SamplingParams overrides."""
+    out: dict[str, Any] = {}
+    for name, value in overrides.items():
+        if name in _SAME_NAME:
+            if value is not None:
+                out[name] = value
+        elif name == "stop":
+            out["stop"] = list(value)
+        elif name == "logit_bias":  # OpenAI's form; -100 bans a token as -inf does here
+            out["logit_bias"] = {str(t): max(min(b, 100.0), -100.0) for t, b in value}
+        elif name == "json_schema":
+            try:
+                out["json_schema"] = json.loads(value)
+            except ValueError as e:
+                raise UsageError(f"--json-schema is not valid JSON: {e}") from None
+        else:
+            raise UsageError(f"the sampling setting {name} cannot be sent to a server")
+    return out
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == ()
+
+
+@dataclass
+class Address:
+    host: str
+    port: int
+    socket_path: str | None  # a Unix socket instead of TCP
+    shown: str  # as the user wrote it, for messages
+
+
+def parse_address(text: str) -> Address:
+    if text.startswith("unix:"):
+        path = text[len("unix:"):]
+        if not path:
+            raise UsageError(f"{text!r}: give the socket's path, as unix:/path/to/socket")
+        return Address("localhost", 0, path, text)
+    url = urlsplit(text if "://" in text else f"http://{text}")
+    if url.scheme != "http" or not url.hostname:
+        raise UsageError(f"{text!r} is not a server address: give http://HOST:PORT or unix:PATH")
+    try:
+        port = url.port or 80
+    except ValueError:
+        raise UsageError(f"{text!r}: the port is not a number") from None
+    return Address(url.hostname, port, None, text)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def stream_events(where: str, path: str, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """POST `body` (with stream: true) and yield each server-sent event's JSON object until
+    [DONE]. Closing the generator early closes the connection: the server then stops the
+    request at its next step."""
+    addr = parse_address(where)
+    conn: http.client.HTTPConnection = (
+        _UnixConnection(addr.socket_path, CONNECT_TIMEOUT_S) if addr.socket_path is not None
+        else http.client.HTTPConnection(addr.host, addr.port, timeout=CONNECT_TIMEOUT_S))
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    api_key = os.environ.get(API_KEY_VARIABLE, "").strip()
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:
+        try:
+            conn.connect()
+            assert conn.sock is not None
+            conn.sock.settimeout(None)  # a long prompt may take a while before the first token
+            conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            raise NetworkError(f"cannot reach the infer server at {addr.shown} ({_reason(e)}); start one "
+                               f"with `infer serve`, or unset {SERVER_VARIABLE} to run the model here"
+                               ) from None
+        if response.status != 200:
+            raise _error(response.status, response.read(), addr.shown)
+        try:
+            for raw in response:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                yield json.loads(data)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise NetworkError(f"the infer server at {addr.shown} went away mid-reply ({_reason(e)})"
+                               ) from None
+        raise NetworkError(f"the infer server at {addr.shown} ended the reply without [DONE]")
+    finally:
+        conn.close()
+
+
+def _reason(e: BaseException) -> str:
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
+def _error(status: int, raw: bytes, shown: str) -> InferError:
+    """The server's error as infer's own, so that the exit code is the one the same mistake
+    has without a server."""
+    try:
+        error = json.loads(raw)["error"]
+        message, code = str(error.get("message")), error.get("code")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, code = raw[:200].decode("utf-8", "replace").strip() or f"HTTP {status}", None
+    if status == 404 and code == "model_not_found":
+        return ModelNotFoundError(message)
+    if status == 401:
+        return NetworkError(f"the infer server at {shown} wants an API key: {message} "
+                            f"(set {API_KEY_VARIABLE})")
+    if status in (400, 413, 422):
+        return UsageError(message)
+    if status == 503:
+        return ResourceError(f"the infer server at {shown} is busy: {message}")
+    return NetworkError(f"the infer server at {shown} answered {status}: {message}")
