@@ -1,7 +1,8 @@
 """`infer run` through a running `infer serve`: the same output, with the model already loaded.
 
-`--server URL` or `INFER_SERVER=URL` (``http://HOST:PORT``, or ``unix:PATH`` for a Unix
-socket) sends the request to that server instead of loading the model here. What the
+`--server URL` or `INFER_SERVER=URL` (``http://HOST:PORT``, ``unix:PATH`` for a Unix
+socket, or ``unix`` alone for the socket every `infer serve` of this user listens on in
+INFER_HOME) sends the request to that server instead of loading the model here. What the
 command prints is unchanged: the text streamed to stdout, the same `--json` fields
 (the server adds infer's own figures to its last chunk), the same exit codes. A server
 that cannot be reached is exit 4, never a silent fall-back to loading the model here.
@@ -20,6 +21,7 @@ import os
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -98,12 +100,19 @@ class Address:
     shown: str  # as the user wrote it, for messages
 
 
+def default_socket() -> Path:
+    """Where `infer serve` also listens, for its user alone: INFER_HOME/serve.sock."""
+    from infer.quant.paths import infer_home
+
+    return infer_home() / "serve.sock"
+
+
 def parse_address(text: str) -> Address:
+    """http://HOST:PORT (or HOST:PORT), unix:PATH, or unix alone: this user's own server's socket."""
+    if text in ("unix", "unix:"):
+        text = f"unix:{default_socket()}"
     if text.startswith("unix:"):
-        path = text[len("unix:"):]
-        if not path:
-            raise UsageError(f"{text!r}: give the socket's path, as unix:/path/to/socket")
-        return Address("localhost", 0, path, text)
+        return Address("localhost", 0, text[len("unix:"):], text)
     url = urlsplit(text if "://" in text else f"http://{text}")
     if url.scheme != "http" or not url.hostname:
         raise UsageError(f"{text!r} is not a server address: give http://HOST:PORT or unix:PATH")

@@ -7,6 +7,8 @@ loaded model, the way `infer run` would find and place it, but never downloading
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import socket
 import sys
@@ -51,6 +53,9 @@ SERVER = "Server"
         "--chat-template-file", help="A Jinja chat template to use instead of the models' own.",
         rich_help_panel=SERVER)], None),
     o.NO_CACHE,
+    ("no_socket", Annotated[bool, typer.Option(
+        "--no-socket", help="Do not listen on the Unix socket in INFER_HOME (serve.sock) as well.",
+        rich_help_panel=SERVER)], False),
 )
 def serve(ctx: typer.Context, **flags: Any) -> None:
     """Serve models over OpenAI's API (chat and completions), many requests decoded together."""
@@ -98,7 +103,10 @@ def execute(flags: Mapping[str, Any]) -> None:
     from infer.cli.prompt_cache import open_cache
 
     cache = None if flags["no_cache"] else open_cache()  # (a bad INFER_PROMPT_CACHE_SIZE fails here)
+    from infer.cli.remote import default_socket
+
     sock = _bind(flags["host"], flags["port"])
+    local = None if flags["no_socket"] else _bind_unix(default_socket())  # this user's own
 
     from infer.quant.paths import infer_home
     from infer.runtime.template import use_compiled_cache
@@ -112,12 +120,19 @@ def execute(flags: Mapping[str, Any]) -> None:
                          "reach this port can use the models (give --api-key or --api-key-file)\n")
     config = Config(api_key=api_key, sampling=tuple(overrides.items()), chat_template=template)
     host, port = sock.getsockname()[:2]
-    sys.stderr.write(f"infer: serving on http://{_url_host(host)}:{port}/v1 (Ctrl-C stops)\n")
+    local_path = default_socket()
+    also = f" and unix:{local_path}" if local is not None else ""
+    sys.stderr.write(f"infer: serving on http://{_url_host(host)}:{port}/v1{also} (Ctrl-C stops)\n")
     sys.stderr.flush()
-    serve_forever(sock, lambda name: _open_model(flags, name), default=flags["model"], listing=_local_names,
-                  config=config, max_models=flags["max_models"], keep_alive_s=keep_alive,
-                  max_waiting=flags["queue"], speculation=speculation,
-                  prompt_cache=cache, verbose=flags["verbose"])
+    try:
+        serve_forever([sock] if local is None else [sock, local], lambda name: _open_model(flags, name),
+                      default=flags["model"], listing=_local_names, config=config,
+                      max_models=flags["max_models"], keep_alive_s=keep_alive, max_waiting=flags["queue"],
+                      speculation=speculation, prompt_cache=cache, verbose=flags["verbose"])
+    finally:
+        if local is not None:  # (uvicorn closes the sockets it was given but leaves their files)
+            with contextlib.suppress(OSError):
+                os.unlink(local_path)
 
 
 def _api_key(flags: Mapping[str, Any]) -> str | None:
@@ -146,6 +161,36 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise ResourceError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _bind_unix(path: Path) -> socket.socket | None:
+    """A Unix socket at `path` that only this user can open (mode 0600), so that `infer run`
+    finds this server without a port (INFER_SERVER=unix); None when another live server
+    holds it (it keeps it) or the path cannot be bound (TCP alone then)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                try:
+                    probe.connect(str(path))
+                    sys.stderr.write(f"infer: note: another server listens on unix:{path}; this one on TCP "
+                                     "alone\n")
+                    return None
+                except OSError:
+                    path.unlink()  # left by a server that was killed
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        umask = os.umask(0o177)  # the socket file is created 0600
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(umask)
+        sock.listen(2048)
+    except OSError as e:
+        sys.stderr.write(f"infer: note: cannot listen on unix:{path} ({e.strerror or e}); TCP alone\n")
+        return None
     sock.set_inheritable(True)
     return sock
 

@@ -25,7 +25,7 @@ from infer.server.models import ModelPool, Opened
 log = logging.getLogger("infer.server")
 
 
-def serve_forever(sock: socket.socket, open_model: Callable[[str], Opened], *, default: str | None,
+def serve_forever(sockets: list[socket.socket], open_model: Callable[[str], Opened], *, default: str | None,
                   listing: Callable[[], list[str]], config: Config, max_models: int = 1,
                   keep_alive_s: float | None = 300.0, max_waiting: int = 256,
                   speculation: SpecParams | None = None, prompt_cache: PromptCache | None = None,
@@ -40,7 +40,7 @@ def serve_forever(sock: socket.socket, open_model: Callable[[str], Opened], *, d
                                     timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5,
                                     timeout_keep_alive=30, lifespan="on"),
                      on_exit=lambda: pool.begin_close(config.shutdown_grace_s))
-    server.run(sockets=[sock])
+    server.run(sockets=sockets)
 
 
 class _Server:

@@ -18,7 +18,7 @@ class Server:
     """`infer serve ARGS` on a free port of 127.0.0.1; stderr is kept in `self.log`."""
 
     def __init__(self, *args: str, home: Path, env: dict[str, str] | None = None) -> None:
-        self.args = args
+        self.args, self.home = args, home
         self.proc = subprocess.Popen(
             [*CLI, "serve", *args, "--port", "0"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env={**os.environ, "INFER_HOME": str(home), **(env or {})})

@@ -143,6 +143,25 @@ def test_a_server_that_cannot_be_reached_is_exit_4_naming_it(tiny_qwen):
         assert_one_line_error(r, 4, where)
 
 
+def test_a_users_own_server_is_found_on_its_unix_socket(tiny_qwen, tiny_qwen_server):
+    """`infer serve` also listens on INFER_HOME/serve.sock, which only its user can open;
+    INFER_SERVER=unix finds it without a port."""
+    sock = tiny_qwen_server.home / "serve.sock"
+    assert sock.is_socket() and sock.stat().st_mode & 0o777 == 0o600
+    env = {"INFER_HOME": str(tiny_qwen_server.home), "INFER_SERVER": "unix"}
+    by_socket = run_cli("run", tiny_qwen, "Hello", "-n", "8", "--temp", "0", env=env)
+    by_tcp = run_cli("run", tiny_qwen, "Hello", "-n", "8", "--temp", "0", "--server", tiny_qwen_server.url)
+    assert by_socket.returncode == 0, by_socket.stderr
+    assert by_socket.stdout == by_tcp.stdout and by_socket.stdout.strip()
+
+
+def test_the_socket_file_goes_with_its_server(tiny_qwen, tmp_path):
+    server = Server(str(tiny_qwen), "-np", "1", "-c", "1024", home=tmp_path)
+    assert (tmp_path / "serve.sock").is_socket()
+    assert server.stop() == 0
+    assert not (tmp_path / "serve.sock").exists()
+
+
 def test_server_errors_keep_their_exit_codes(tiny_qwen_server):
     env = {"INFER_SERVER": tiny_qwen_server.url}
     assert_one_line_error(run_cli("run", "no-such-model", "Hello", env=env), 3, "no-such-model")
