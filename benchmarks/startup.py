@@ -1,6 +1,12 @@
 """Whole-process wall time of a one-shot run: `infer run MODEL "Hello" -n 16` beside a reference.
 
-    python benchmarks/startup.py MODEL.gguf [-r 10] [-t THREADS] [--llama-bin DIR] [--as NAME]
+    python benchmarks/startup.py MODEL.gguf [-r 10] [-t THREADS] [--llama-bin DIR] [--as NAME] [--server]
+
+``--server``: the loop of shell pipelines, through a running server. `infer serve MODEL`
+is started once (its start is reported, not counted), then each repetition runs
+`INFER_SERVER=URL infer run MODEL PROMPT_i -n 16` beside the reference on the same
+prompt, a different prompt each time (so that no reply comes from a cache of earlier
+calls, beyond what a template's preamble shares). Target: >= 4x faster per call.
 
 ``--as NAME`` gives infer the model by another name that resolves to the same file
 (``--as smollm2`` for the embedded model: what a user types), so the alias's
@@ -69,7 +75,11 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--llama-bin", type=Path, default=os.environ.get("LLAMA_BIN"))
     ap.add_argument("--as", dest="name", help="the name infer is given (default: MODEL)")
+    ap.add_argument("--server", action="store_true", help="infer run through a running infer serve")
     args = ap.parse_args()
+    if args.server:
+        through_a_server(args)
+        return
     infer = [sys.executable, "-c", "from infer.cli.main import main; main()", "run",
              args.name or args.model,
              "Hello", "-n", "16", "-t", str(args.threads)]
@@ -96,6 +106,77 @@ def main() -> None:
     print(f"infer run -n 16      {a:6.3f} s")
     print(f"{name:<20} {b:6.3f} s")
     print(f"ratio                {a / b:6.3f}  (target <= 1.5)")
+
+
+def reference(args: argparse.Namespace, prompt: str) -> list[str]:
+    completion = args.llama_bin / "llama-completion" if args.llama_bin else None
+    if not completion or not completion.exists():
+        sys.exit("--server compares with llama-completion: give --llama-bin DIR "
+                 "(benchmarks/build_llama_tools.sh)")
+    return [str(completion), "-m", args.model, "-p", prompt, "-n", "16", "-cnv", "-st",
+            "-t", str(args.threads), "--no-warmup", "-c", "4096", "-fa", "off"]
+
+
+def through_a_server(args: argparse.Namespace) -> None:
+    import re
+    import threading
+
+    home = tempfile.mkdtemp()
+    env = {**os.environ, "INFER_HOME": home}
+    t0 = time.perf_counter()
+    server = subprocess.Popen([sys.executable, "-c", "from infer.cli.main import main; main()", "serve",
+                               args.name or args.model, "--port", "0", "-np", "1", "-t", str(args.threads),
+                               "-fa", "off", "--no-socket"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    assert server.stderr is not None
+    url = None
+    for raw in server.stderr:
+        found = re.search(r"serving on (http://\S+:\d+)/v1", raw.decode())
+        if found:
+            url = found.group(1)
+            break
+    if url is None:
+        sys.exit("infer serve did not start")
+    threading.Thread(target=server.stderr.read, daemon=True).start()  # (drained, never blocks it)
+    import urllib.request
+
+    while True:  # until the model is loaded
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.05)
+    started = time.perf_counter() - t0
+    infer_env = {**env, "INFER_SERVER": url}
+
+    def infer(prompt: str) -> float:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "from infer.cli.main import main; main()", "run",
+                        args.name or args.model, prompt, "-n", "16"], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=infer_env)
+        return time.perf_counter() - t
+
+    try:
+        infer("warm-up")
+        timed(reference(args, "warm-up"))
+        ours, theirs = [], []
+        for i in range(args.repetitions):
+            prompt = f"Question {i + 1}: name a colour and say why you like it."
+            sides = [lambda p=prompt: ours.append(infer(p)),
+                     lambda p=prompt: theirs.append(timed(reference(args, p)))]
+            for side in (sides if i % 2 == 0 else sides[::-1]):
+                side()
+    finally:
+        server.terminate()
+        server.wait(30)
+    a, b = statistics.median(ours), statistics.median(theirs)
+    print(f"model: {args.model}   threads: {args.threads}   {args.repetitions} calls each, alternating, "
+          "medians")
+    print(f"infer serve start (once, not counted)   {started:6.3f} s")
+    print(f"INFER_SERVER=... infer run -n 16        {a:6.3f} s per call")
+    print(f"llama-completion -n 16                  {b:6.3f} s per call")
+    print(f"llama-completion / infer                {b / a:6.2f}x  (target >= 4)")
 
 
 if __name__ == "__main__":

@@ -202,8 +202,6 @@ def read_text_file(path: str | Path, what: str) -> str:
 
 def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
     """The SamplingParams fields the user set explicitly, from a command's parsed flags."""
-    from infer.runtime.sampling import parse_logit_bias
-
     out: dict[str, Any] = {}
     for flag, name in _SAMPLING_FLAGS.items():
         value = flags.get(flag)
@@ -221,6 +219,8 @@ def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
     if breakers:
         out["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(breakers)
     if flags.get("logit_bias"):
+        from infer.runtime.sampling import parse_logit_bias
+
         out["logit_bias"] = tuple(parse_logit_bias(s) for s in flags["logit_bias"])
     grammar, grammar_file = flags.get("grammar"), flags.get("grammar_file")
     if grammar is not None and grammar_file is not None:

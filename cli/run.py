@@ -12,7 +12,6 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
-from infer.cli.placement import explain, place, report
 from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import InferError, UsageError
 
@@ -48,9 +47,7 @@ def run(ctx: typer.Context, **flags: Any) -> None:
 
 
 def execute(flags: Mapping[str, Any]) -> None:
-    from infer.cli import conversations
-    from infer.runtime.sampling import SamplingParams
-    from infer.runtime.session import Session
+    from infer.cli import conversations, remote
 
     if flags["verbose"]:
         o.log_to_stderr()
@@ -60,9 +57,13 @@ def execute(flags: Mapping[str, Any]) -> None:
     if flags["raw"] and continuing:
         raise UsageError("--raw has no conversation to continue")
     overrides = o.sampling_overrides(flags)
-    SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
-    o.context_params(flags)  # bad values fail before the model loads
-    o.spec_params(flags)
+    where = remote.address(flags)
+    if where is None:  # (a server checks the values itself)
+        from infer.runtime.sampling import SamplingParams
+
+        SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
+        o.context_params(flags)  # bad values fail before the model loads
+        o.spec_params(flags)
     template = None
     if flags["chat_template_file"] is not None:
         template = o.read_text_file(flags["chat_template_file"], "chat template file")
@@ -72,13 +73,13 @@ def execute(flags: Mapping[str, Any]) -> None:
         model, prompt_arg = record.model, model  # `infer run -C "next question"`
     if model is None:
         raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT])")
-    from infer.cli import remote
-
-    where = remote.address(flags)
     if where is not None:  # the model is loaded there: send the request, print the same
         remote.refuse_local_flags(flags, o.defaults(run))
         _execute_remote(flags, where, model, prompt_arg, record, overrides)
         return
+    from infer.cli.placement import explain, place, report
+    from infer.runtime.session import Session
+
     resolved = o.resolve({**flags, "model": model})
     entry = resolved.entry  # an alias's defaults apply unless a flag says otherwise
     placed = place(resolved.path, o.model_context_params(flags, entry))
@@ -195,7 +196,7 @@ def _alias_system(model: str) -> str | None:
 def _remote_generate(where: str, path: str, body: Mapping[str, Any], *, stream: bool) -> Any:
     """Stream the server's reply to stdout (unless `stream` is off); a Completion of it."""
     from infer.cli import remote
-    from infer.runtime.session import Completion, Timings, Usage
+    from infer.runtime.results import Completion, Timings, Usage
 
     pieces: list[str] = []
     usage: dict[str, Any] = {}
