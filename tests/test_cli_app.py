@@ -3,6 +3,7 @@ only the command it names."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -61,3 +62,24 @@ def test_a_one_shot_run_imports_nothing_it_does_not_use(by, smollm2, infer_home)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "imported: []", out.stderr
+
+
+def test_a_run_through_a_server_loads_neither_llama_cpp_nor_templates(tiny_qwen, tmp_path):
+    """`infer run` with INFER_SERVER sends the request: no llama.cpp bindings, no Jinja, no
+    HTTP framework are imported on that path (each call of a shell loop pays for them)."""
+    from serve_helpers import Server
+
+    server = Server(str(tiny_qwen), "-np", "1", "-c", "1024", "--no-socket", home=tmp_path / "home")
+    try:
+        heavy = ("llama_cpp", "llama_cpp.llama_cpp", "jinja2", "numpy", "infer.runtime.llama",
+                 "infer.runtime.session", "infer.runtime.sampling", "httpx", "starlette", "rich")
+        probe = (f"import sys; sys.argv = ['infer', 'run', {str(tiny_qwen)!r}, 'hi', '-n', '2']\n"
+                 "from infer.cli.main import main\n"
+                 "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+                 f"print('imported:', sorted(m for m in sys.modules if m in {heavy!r}))")
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "INFER_SERVER": server.url})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == "imported: []", out.stderr
+    finally:
+        assert server.stop() == 0
