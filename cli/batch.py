@@ -61,6 +61,7 @@ def default_parallel(n_params: int, n_ctx: int | None) -> int:
         "--ordered/--unordered", help="Keep input order, or write each result when it is done.")], True),
     ("resume", Annotated[bool, typer.Option(
         "--resume", help="Skip the lines whose results OUTPUT already holds; append the rest.")], False),
+    o.SERVER,
 )
 def batch(ctx: typer.Context, **flags: Any) -> int:
     """Run every prompt of INPUT, several at a time; one JSON result per line."""
@@ -68,7 +69,7 @@ def batch(ctx: typer.Context, **flags: Any) -> int:
 
 
 def execute(flags: Mapping[str, Any]) -> int:
-    from infer.runtime.sampling import SamplingParams
+    from infer.cli import remote
 
     if flags["verbose"]:
         o.log_to_stderr()
@@ -80,6 +81,14 @@ def execute(flags: Mapping[str, Any]) -> int:
     if flags["template"] is not None and not flags["plain_lines"]:
         raise UsageError("--template wraps plain lines: use it with --lines")
     overrides = o.sampling_overrides(flags)
+    where = remote.address(flags)
+    if where is not None:  # the server decodes; --parallel is how many requests are in flight
+        remote.refuse_local_flags(flags, o.defaults(batch))
+        items = list(read_items(_input_lines(flags["input"]), plain=flags["plain_lines"],
+                                template=flags["template"], system=flags["system"]))
+        return _through_server(flags, where, items, overrides)
+    from infer.runtime.sampling import SamplingParams
+
     SamplingParams.resolve({}, overrides)
     o.context_params(flags)
     speculation = o.spec_params(flags)
@@ -92,17 +101,77 @@ def execute(flags: Mapping[str, Any]) -> int:
         return 0
     items = list(read_items(_input_lines(flags["input"]), plain=flags["plain_lines"],
                             template=flags["template"], system=flags["system"]))
+    resolved = o.resolve(flags)
+    return _write_results(flags, items, lambda todo, out: _run(flags, resolved, todo, overrides, speculation,
+                                                               out))
+
+
+def _write_results(flags: Mapping[str, Any], items: list[Item], run: Any) -> int:
+    """`run(todo, out)` over the items not done yet (--resume), into OUTPUT or stdout; the exit code."""
     output = Path(flags["output"]) if flags["output"] is not None else None
     skip = _finished(output) if output is not None and flags["resume"] else set()
     todo = [item for item in items if json.dumps(item.id) not in skip]
-    resolved = o.resolve(flags)
     out = _open_output(output, append=flags["resume"])
     try:
-        failed = _run(flags, resolved, todo, overrides, speculation, out)
+        failed = run(todo, out)
     finally:
         if out is not sys.stdout:
             out.close()
     return 2 if failed else 0
+
+
+def _through_server(flags: Mapping[str, Any], where: str, items: list[Item],
+                    overrides: dict[str, Any]) -> int:
+    """Each line as a request to the server at `where`, --parallel (default 16) in flight: the
+    server's continuous batch decodes them together. The same result lines as without."""
+    import threading
+
+    from infer.cli import remote
+    from infer.cli.run import result_json
+
+    def run(todo: list[Item], out: IO[str]) -> int:
+        writer = _Writer(out, todo, ordered=flags["ordered"], model=flags["model"], to_json=result_json)
+        lock = threading.Lock()
+        waiting = list(reversed(todo))
+        fatal: list[InferError] = []
+
+        def work() -> None:
+            while not fatal:
+                with lock:
+                    if not waiting:
+                        return
+                    item = waiting.pop()
+                try:
+                    if item.error is not None:
+                        raise UsageError(item.error)
+                    body = {"model": flags["model"], "messages": item.messages, "stream": True,
+                            "stream_options": {"include_usage": True},
+                            **remote.request_fields({**overrides, **item.settings})}
+                    completion = remote.generate(where, "/v1/chat/completions", body)
+                except UsageError as e:  # this line's mistake (the server said 400): the batch goes on
+                    with lock:
+                        writer.error(item.index, str(e))
+                        progress.advance(0)
+                except InferError as e:  # unreachable, busy, no such model: the batch stops
+                    fatal.append(e)
+                else:
+                    with lock:
+                        writer.result(item.index, completion)
+                        progress.advance(completion.usage.completion_tokens)
+
+        with _Progress(len(todo)) as progress:
+            workers = [threading.Thread(target=work, daemon=True) for _ in range(flags["parallel"] or 16)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                while w.is_alive():
+                    w.join(0.1)  # (in slices: Ctrl-C reaches this thread)
+        writer.flush_ready()
+        if fatal:
+            raise fatal[0]
+        return writer.failed
+
+    return _write_results(flags, items, run)
 
 
 def place_slots(flags: Mapping[str, Any], resolved: Any, *, extra: int = 0) -> tuple[Placed, int]:

@@ -19,7 +19,7 @@ import http.client
 import json
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,3 +203,39 @@ def _error(status: int, raw: bytes, shown: str) -> InferError:
     if status == 503:
         return ResourceError(f"the infer server at {shown} is busy: {message}")
     return NetworkError(f"the infer server at {shown} answered {status}: {message}")
+
+
+def generate(where: str, path: str, body: Mapping[str, Any], *,
+             on_text: Callable[[str], None] | None = None) -> Any:
+    """Send one request (streamed); `on_text` sees the reply's text as it comes. The reply as
+    a `Completion`, with the server's own figures (its seed, finish reason, timings)."""
+    from infer.runtime.results import Completion, Timings, Usage
+
+    pieces: list[str] = []
+    usage: dict[str, Any] = {}
+    ours: dict[str, Any] = {}
+    finish = "length"
+    events = stream_events(where, path, body)
+    try:
+        for event in events:
+            for choice in event.get("choices") or ():
+                piece = choice["delta"].get("content") if "delta" in choice else choice.get("text")
+                if piece:
+                    pieces.append(piece)
+                    if on_text is not None:
+                        on_text(piece)
+                if choice.get("finish_reason"):
+                    finish = "eos" if choice["finish_reason"] == "stop" else choice["finish_reason"]
+            usage = event.get("usage") or usage
+            ours = event.get("infer") or ours
+    finally:
+        events.close()  # early (Ctrl-C): the connection closes and the server stops the request
+    t = ours.get("timings") or {}
+    return Completion(
+        "".join(pieces), ours.get("finish_reason", finish),
+        Usage(usage.get("prompt_tokens", 0),
+              (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+              usage.get("completion_tokens", 0), ours.get("draft_tokens", 0), ours.get("accepted_tokens", 0)),
+        Timings(0.0, t.get("prefill_ms", 0.0), t.get("decode_ms", 0.0), t.get("ttft_ms", 0.0),
+                t.get("prefill_tokens", 0)),
+        ours.get("seed"))

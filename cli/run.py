@@ -196,42 +196,22 @@ def _alias_system(model: str) -> str | None:
 def _remote_generate(where: str, path: str, body: Mapping[str, Any], *, stream: bool) -> Any:
     """Stream the server's reply to stdout (unless `stream` is off); a Completion of it."""
     from infer.cli import remote
-    from infer.runtime.results import Completion, Timings, Usage
 
-    pieces: list[str] = []
-    usage: dict[str, Any] = {}
-    ours: dict[str, Any] = {}
-    finish = "length"
-    events = remote.stream_events(where, path, body)
+    said = [""]
+
+    def show(text: str) -> None:
+        _write(text)
+        said[0] = text
+
     try:
-        for event in events:
-            for choice in event.get("choices") or ():
-                piece = choice["delta"].get("content") if "delta" in choice else choice.get("text")
-                if piece:
-                    pieces.append(piece)
-                    if stream:
-                        _write(piece)
-                if choice.get("finish_reason"):
-                    finish = "eos" if choice["finish_reason"] == "stop" else choice["finish_reason"]
-            usage = event.get("usage") or usage
-            ours = event.get("infer") or ours
-    except KeyboardInterrupt:
-        events.close()  # the server stops the request at its next step
-        if stream and pieces and not pieces[-1].endswith("\n"):
+        completion = remote.generate(where, path, body, on_text=show if stream else None)
+    except KeyboardInterrupt:  # (the connection is closed: the server stops the request)
+        if said[0] and not said[0].endswith("\n"):
             _write("\n")
         raise
-    text = "".join(pieces)
-    if stream and text and not text.endswith("\n"):
+    if stream and completion.text and not completion.text.endswith("\n"):
         _write("\n")
-    t = ours.get("timings") or {}
-    return Completion(
-        text, ours.get("finish_reason", finish),
-        Usage(usage.get("prompt_tokens", 0),
-              (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-              usage.get("completion_tokens", 0), ours.get("draft_tokens", 0), ours.get("accepted_tokens", 0)),
-        Timings(0.0, t.get("prefill_ms", 0.0), t.get("decode_ms", 0.0), t.get("ttft_ms", 0.0),
-                t.get("prefill_tokens", 0)),
-        ours.get("seed"))
+    return completion
 
 
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,

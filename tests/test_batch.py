@@ -117,3 +117,31 @@ def test_default_parallel_follows_model_size_and_context():
 
 def test_binary_stdin_is_a_usage_error(tiny_llama):
     assert_one_line_error(run_cli("batch", tiny_llama, input=b"\x00\x01\x02"), 2, "binary")
+
+
+def test_through_a_server_each_line_gets_the_same_result(tiny_llama, tmp_path):
+    """INFER_SERVER: the lines go to a running `infer serve` (several in flight) and come back
+    as the same JSONL, in input order, a bad line failing alone (exit 2)."""
+    from serve_helpers import Server
+
+    lines = [{"id": f"g{i}", "prompt": p, "temperature": 0} for i, p in enumerate(PROMPTS[:4])]
+    lines += [{"id": "seeded", "prompt": PROMPTS[4], "temperature": 0.9, "seed": 11},
+              {"id": "hot", "prompt": "x", "temperature": -1}]
+    text = "".join(json.dumps(line) + "\n" for line in lines) + "not json\n"
+    here = run_cli("batch", tiny_llama, "--parallel", "1", "-n", "8", "--spec-type", "none", input=text)
+    server = Server(str(tiny_llama), "-np", "1", "-c", "2048", "--spec-type", "none", home=tmp_path)
+    try:
+        there = run_cli("batch", tiny_llama, "--parallel", "4", "-n", "8", input=text,
+                        env={"INFER_SERVER": server.url})
+        gone = run_cli("batch", tiny_llama, input=text, env={"INFER_SERVER": "http://127.0.0.1:9"})
+    finally:
+        assert server.stop() == 0
+    assert here.returncode == there.returncode == 2, there.stderr
+    ours, theirs = results(here.stdout), results(there.stdout)
+    assert [r["id"] for r in theirs] == [r["id"] for r in ours] == [*(line["id"] for line in lines), 7]
+    for a, b in zip(ours, theirs, strict=True):
+        assert ("error" in a) == ("error" in b), (a, b)
+        if "error" not in a:
+            assert b["text"] == a["text"], (a, b)
+            assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
+    assert_one_line_error(gone, 4, "http://127.0.0.1:9")
