@@ -15,10 +15,8 @@ framework is imported on this path.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,30 +121,38 @@ def parse_address(text: str) -> Address:
     return Address(url.hostname, port, None, text)
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
+def _connection(addr: Address) -> Any:
+    """An HTTP connection to the server (http.client is imported here: `infer run` without a
+    server never pays for it)."""
+    import http.client
+    import socket
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+    if addr.socket_path is None:
+        return http.client.HTTPConnection(addr.host, addr.port, timeout=CONNECT_TIMEOUT_S)
+    path = addr.socket_path
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(path)
+            except OSError:
+                sock.close()
+                raise
+            self.sock = sock
+
+    return UnixConnection("localhost", timeout=CONNECT_TIMEOUT_S)
 
 
 def stream_events(where: str, path: str, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """POST `body` (with stream: true) and yield each server-sent event's JSON object until
     [DONE]. Closing the generator early closes the connection: the server then stops the
     request at its next step."""
+    import http.client
+
     addr = parse_address(where)
-    conn: http.client.HTTPConnection = (
-        _UnixConnection(addr.socket_path, CONNECT_TIMEOUT_S) if addr.socket_path is not None
-        else http.client.HTTPConnection(addr.host, addr.port, timeout=CONNECT_TIMEOUT_S))
+    conn = _connection(addr)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     api_key = os.environ.get(API_KEY_VARIABLE, "").strip()
     if api_key:
