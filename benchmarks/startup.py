@@ -86,9 +86,10 @@ def main() -> None:
     completion = args.llama_bin / "llama-completion" if args.llama_bin else None
     if completion and completion.exists():
         name = "llama-completion"
-        # One conversation turn (-cnv -st): the prompt goes through the chat template, as
-        # infer run's does, so both prefill the same tokens.
-        ref = [str(completion), "-m", args.model, "-p", "Hello", "-n", "16", "-cnv", "-st",
+        # One conversation turn (-cnv -st) through the model's own Jinja template (--jinja;
+        # without it llama-completion renders a built-in ChatML that leaves out SmolLM2's
+        # default system prompt: 10 tokens against infer's 31), so both prefill the same tokens.
+        ref = [str(completion), "-m", args.model, "-p", "Hello", "-n", "16", "-cnv", "-st", "--jinja",
                "-t", str(args.threads), "--no-warmup", "-c", "4096", "-fa", "off"]  # as infer on a CPU
     else:
         name = "bare C-API script"
@@ -113,7 +114,7 @@ def reference(args: argparse.Namespace, prompt: str) -> list[str]:
     if not completion or not completion.exists():
         sys.exit("--server compares with llama-completion: give --llama-bin DIR "
                  "(benchmarks/build_llama_tools.sh)")
-    return [str(completion), "-m", args.model, "-p", prompt, "-n", "16", "-cnv", "-st",
+    return [str(completion), "-m", args.model, "-p", prompt, "-n", "16", "-cnv", "-st", "--jinja",
             "-t", str(args.threads), "--no-warmup", "-c", "4096", "-fa", "off"]
 
 
