@@ -183,6 +183,8 @@ def _execute_remote(flags: Mapping[str, Any], where: str, model: str, prompt_arg
 
 def _alias_system(model: str) -> str | None:
     """The system prompt an alias of models.toml gives, as `infer run` applies it locally."""
+    if "/" in model or "\\" in model or model.lower().endswith(".gguf"):  # a path or a Hub repo: no alias
+        return None
     from infer.quant.catalog import load_catalog
 
     try:
