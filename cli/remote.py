@@ -61,7 +61,7 @@ def refuse_local_flags(flags: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     for name, spelled in SERVER_SIDE.items():
         value, default = flags.get(name), defaults.get(name)
         if value != default and not (_empty(value) and _empty(default)):
-            raise UsageError(f"{spelled} is set where the model is loaded: give it to `infer serve`, not "
+            raise UsageError(f"{spelled} belongs where the model is loaded: give it to `infer serve`, not "
                              "to a command sent to a server (--server / INFER_SERVER)")
 
 
