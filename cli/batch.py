@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,6 +24,9 @@ from infer.cli.errors import shielded
 from infer.cli.placement import Placed, explain, model_layout, place, report
 from infer.cli.stdin import decode_stdin
 from infer.runtime.errors import InferError, UsageError
+
+if TYPE_CHECKING:
+    from infer.cli import remote
 
 # Context per slot when -c is not given (at most the model's training context).
 SLOT_CONTEXT = 2048
@@ -84,9 +87,7 @@ def execute(flags: Mapping[str, Any]) -> int:
     where = remote.address(flags)
     if where is not None:  # the server decodes; --parallel is how many requests are in flight
         remote.refuse_local_flags(flags, o.defaults(batch))
-        items = list(read_items(_input_lines(flags["input"]), plain=flags["plain_lines"],
-                                template=flags["template"], system=flags["system"]))
-        return _through_server(flags, where, items, overrides)
+        return _through_server(flags, where, _items(flags), overrides)
     from infer.runtime.sampling import SamplingParams
 
     SamplingParams.resolve({}, overrides)
@@ -99,11 +100,15 @@ def execute(flags: Mapping[str, Any]) -> int:
         resolved = o.resolve(flags)
         explain(place_slots(flags, resolved, extra=1)[0], resolved.reference)
         return 0
-    items = list(read_items(_input_lines(flags["input"]), plain=flags["plain_lines"],
-                            template=flags["template"], system=flags["system"]))
+    items = _items(flags)
     resolved = o.resolve(flags)
     return _write_results(flags, items, lambda todo, out: _run(flags, resolved, todo, overrides, speculation,
                                                                out))
+
+
+def _items(flags: Mapping[str, Any]) -> list[Item]:
+    return list(read_items(_input_lines(flags["input"]), plain=flags["plain_lines"],
+                           template=flags["template"], system=flags["system"]))
 
 
 def _write_results(flags: Mapping[str, Any], items: list[Item], run: Any) -> int:
@@ -120,7 +125,7 @@ def _write_results(flags: Mapping[str, Any], items: list[Item], run: Any) -> int
     return 2 if failed else 0
 
 
-def _through_server(flags: Mapping[str, Any], where: str, items: list[Item],
+def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list[Item],
                     overrides: dict[str, Any]) -> int:
     """Each line as a request to the server at `where`, --parallel (default 16) in flight: the
     server's continuous batch decodes them together. The same result lines as without."""

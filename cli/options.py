@@ -114,7 +114,7 @@ Rpc = Annotated[str | None, typer.Option(
 # run and chat: the KV states of long prompts kept in INFER_HOME/cache/prompts.
 NO_CACHE = ("no_cache", Annotated[bool, typer.Option(
     "--no-cache", help="Do not use or fill the prompt cache on disk (infer cache list).")], False)
-# run (and later chat, batch): send the work to a running `infer serve` instead of loading the model.
+# run and batch: send the work to a running `infer serve` instead of loading the model.
 SERVER = ("server", Annotated[str | None, typer.Option(
     "--server", help="Send the request to this running `infer serve` (http://HOST:PORT or unix:PATH) instead "
                      "of loading the model here (default: $INFER_SERVER).", show_default=False)], None)

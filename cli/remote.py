@@ -50,10 +50,11 @@ _SAME_NAME = frozenset({
     "ignore_eos", "grammar", "max_tokens"})
 
 
-def address(flags: Mapping[str, Any]) -> str | None:
-    """The server to use: --server, else INFER_SERVER; None: load the model here."""
+def address(flags: Mapping[str, Any]) -> Address | None:
+    """The server to use: --server, else INFER_SERVER; None: load the model here. A malformed
+    address is a usage error now, before any work."""
     given = flags.get("server") or os.environ.get(SERVER_VARIABLE, "").strip()
-    return given or None
+    return parse_address(given) if given else None
 
 
 def refuse_local_flags(flags: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
@@ -145,13 +146,12 @@ def _connection(addr: Address) -> Any:
     return UnixConnection("localhost", timeout=CONNECT_TIMEOUT_S)
 
 
-def stream_events(where: str, path: str, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+def stream_events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """POST `body` (with stream: true) and yield each server-sent event's JSON object until
     [DONE]. Closing the generator early closes the connection: the server then stops the
     request at its next step."""
     import http.client
 
-    addr = parse_address(where)
     conn = _connection(addr)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     api_key = os.environ.get(API_KEY_VARIABLE, "").strip()
@@ -211,7 +211,7 @@ def _error(status: int, raw: bytes, shown: str) -> InferError:
     return NetworkError(f"the infer server at {shown} answered {status}: {message}")
 
 
-def generate(where: str, path: str, body: Mapping[str, Any], *,
+def generate(addr: Address, path: str, body: Mapping[str, Any], *,
              on_text: Callable[[str], None] | None = None) -> Any:
     """Send one request (streamed); `on_text` sees the reply's text as it comes. The reply as
     a `Completion`, with the server's own figures (its seed, finish reason, timings)."""
@@ -221,7 +221,7 @@ def generate(where: str, path: str, body: Mapping[str, Any], *,
     usage: dict[str, Any] = {}
     ours: dict[str, Any] = {}
     finish = "length"
-    events = stream_events(where, path, body)
+    events = stream_events(addr, path, body)
     try:
         for event in events:
             for choice in event.get("choices") or ():

@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from infer.cli import options as o
 from infer.cli.errors import shielded
 from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import InferError, UsageError
+
+if TYPE_CHECKING:
+    from infer.cli import remote
 
 
 @o.model_command(
@@ -159,8 +162,8 @@ def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any) 
         _print_stats(completion, record.id if record else None)
 
 
-def _execute_remote(flags: Mapping[str, Any], where: str, model: str, prompt_arg: str | None, record: Any,
-                    overrides: Mapping[str, Any]) -> None:
+def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str, prompt_arg: str | None,
+                    record: Any, overrides: Mapping[str, Any]) -> None:
     """`infer run` through the server at `where`: the same prompt, output and exit codes."""
     from infer.cli import remote
 
@@ -188,14 +191,13 @@ def _alias_system(model: str) -> str | None:
     from infer.quant.catalog import load_catalog
 
     try:
-        catalog = load_catalog()
+        entry = load_catalog().get(model)  # (the catalog names every entry by each of its aliases)
     except InferError:
         return None
-    entry = catalog.get(model) or next((e for e in catalog.values() if model in (e.aliases or ())), None)
     return entry.system if entry is not None else None
 
 
-def _remote_generate(where: str, path: str, body: Mapping[str, Any], *, stream: bool) -> Any:
+def _remote_generate(where: remote.Address, path: str, body: Mapping[str, Any], *, stream: bool) -> Any:
     """Stream the server's reply to stdout (unless `stream` is off); a Completion of it."""
     from infer.cli import remote
 

@@ -145,3 +145,9 @@ def test_through_a_server_each_line_gets_the_same_result(tiny_llama, tmp_path):
             assert b["text"] == a["text"], (a, b)
             assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
     assert_one_line_error(gone, 4, "http://127.0.0.1:9")
+
+
+def test_a_malformed_server_address_is_one_usage_error(tiny_llama):
+    r = run_cli("batch", tiny_llama, input='{"id": "a", "prompt": "hi"}\n', env={"INFER_SERVER": "ftp://x"})
+    assert_one_line_error(r, 2, "not a server address")
+    assert r.stdout == ""  # not an error object per line
