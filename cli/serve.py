@@ -106,7 +106,8 @@ def execute(flags: Mapping[str, Any]) -> None:
     from infer.cli.remote import default_socket
 
     sock = _bind(flags["host"], flags["port"])
-    local = None if flags["no_socket"] else _bind_unix(default_socket())  # this user's own
+    local_path = default_socket()  # this user's own
+    local = None if flags["no_socket"] else _bind_unix(local_path)
 
     from infer.quant.paths import infer_home
     from infer.runtime.template import use_compiled_cache
@@ -120,7 +121,6 @@ def execute(flags: Mapping[str, Any]) -> None:
                          "reach this port can use the models (give --api-key or --api-key-file)\n")
     config = Config(api_key=api_key, sampling=tuple(overrides.items()), chat_template=template)
     host, port = sock.getsockname()[:2]
-    local_path = default_socket()
     also = f" and unix:{local_path}" if local is not None else ""
     sys.stderr.write(f"infer: serving on http://{_url_host(host)}:{port}/v1{also} (Ctrl-C stops)\n")
     sys.stderr.flush()
@@ -185,9 +185,12 @@ def _bind_unix(path: Path) -> socket.socket | None:
         umask = os.umask(0o177)  # the socket file is created 0600
         try:
             sock.bind(str(path))
+            sock.listen(2048)
+        except OSError:
+            sock.close()
+            raise
         finally:
             os.umask(umask)
-        sock.listen(2048)
     except OSError as e:
         sys.stderr.write(f"infer: note: cannot listen on unix:{path} ({e.strerror or e}); TCP alone\n")
         return None

@@ -75,6 +75,9 @@ class PromptCache:
         self.max_bytes = max_bytes
         self.min_tokens = min_tokens
         self._writers: list[threading.Thread] = []
+        # Headers read before, by path, with the (mtime, size) they were read at: a server looks
+        # for a prefix on every long new prompt, and a file is opened again only when it changed.
+        self._headers: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
 
     def restore(self, session: StateHolder, tokens: Sequence[int], *, min_tokens: int | None = None,
                 max_tokens: int | None = None) -> int:
@@ -89,7 +92,7 @@ class PromptCache:
         folder = self.folder / binding_key(session.fingerprint())
         candidates = []
         for path in _kv_files(folder):
-            header = _read_header(path)
+            header = self._header(path)
             if header is None:
                 continue
             if max_tokens is not None and len(header["tokens"]) > max_tokens:
@@ -102,7 +105,7 @@ class PromptCache:
             if state is not None and session.restore_state(list(header["tokens"]), state):
                 _touch(path)
                 return shared
-            _remove(path)  # llama.cpp refused it: no use keeping it
+            self._forget(path)  # llama.cpp refused it: no use keeping it
         return 0
 
     def store(self, session: StateHolder, model_name: str, *, min_tokens: int | None = None,
@@ -148,7 +151,7 @@ class PromptCache:
         """Every readable entry, most recently used first."""
         out = []
         for path in _kv_files(self.folder, all_bindings=True):
-            header = _read_header(path)
+            header = self._header(path)
             if header is None:
                 continue
             try:
@@ -171,14 +174,36 @@ class PromptCache:
         removed = []
         while entries and total > self.max_bytes:
             oldest = entries.pop()
-            _remove(oldest.path)
+            self._forget(oldest.path)
             total -= oldest.size
             removed.append(oldest)
         return removed
 
+    def _header(self, path: Path) -> dict[str, Any] | None:
+        """`_read_header`, remembered while the file's mtime and size stay the same."""
+        try:
+            st = path.stat()
+        except OSError:
+            self._headers.pop(path, None)
+            return None
+        stamp = (st.st_mtime_ns, st.st_size)
+        known = self._headers.get(path)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        header = _read_header(path)
+        if header is None:
+            self._headers.pop(path, None)
+        else:
+            self._headers[path] = (stamp, header)
+        return header
+
+    def _forget(self, path: Path) -> None:
+        _remove(path)
+        self._headers.pop(path, None)
+
     def remove(self, entries: Sequence[CacheEntry]) -> None:
         for entry in entries:
-            _remove(entry.path)
+            self._forget(entry.path)
 
 
 def _kv_files(folder: Path, *, all_bindings: bool = False) -> Iterator[Path]:

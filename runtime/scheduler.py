@@ -34,6 +34,7 @@ when it computed at least the cache's threshold of those tokens itself.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -149,7 +150,6 @@ class Scheduler:
         self.model, self.context = model, context
         self.keep_cache = keep_cache
         self.prompt_cache, self.cache_name = prompt_cache, cache_name
-        self._fingerprint: dict[str, object] | None = None
         self.batch = Batch(context.n_batch)
         self.costs = CostModel(self.batch.capacity)  # steps of generating slots only
         first = 1 if shared_prefix else 0  # sequence 0 holds the shared prefix
@@ -335,10 +335,10 @@ class Scheduler:
             return self._place(tokens)
         return slot, donor, shared
 
+    @functools.cached_property
     def fingerprint(self) -> dict[str, object]:
-        if self._fingerprint is None:
-            self._fingerprint = state_fingerprint(self.model, self.context)
-        return self._fingerprint
+        """What the slots' saved states depend on (`session.state_fingerprint`)."""
+        return state_fingerprint(self.model, self.context)
 
     def _step(self, active: list[_Slot]) -> None:
         """One decode: the next token of each generating slot (and its guesses), then prefill
@@ -508,7 +508,7 @@ class _SlotState:
         self.scheduler, self.slot = scheduler, slot
 
     def fingerprint(self) -> dict[str, object]:
-        return self.scheduler.fingerprint()
+        return self.scheduler.fingerprint
 
     def save_state(self) -> tuple[list[int], bytes]:
         context, slot = self.scheduler.context, self.slot
