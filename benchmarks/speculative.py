@@ -25,9 +25,10 @@ each task), at each --parallel of --batch-parallel, without speculation and with
 default (cost-aware prompt lookup per slot), in one process, alternating; generated
 tokens/s over the whole batch and the ratio.
 
-All greedy, one thread count, flash attention off everywhere (infer's CPU default;
-llama.cpp's differs and changes the rounding). infer runs in a fresh INFER_HOME: its
-first speculating run measures the cost profile (counted in prefill, not decode).
+All greedy, one thread count, the same flash-attention setting everywhere (--flash-attn:
+off by default, infer's CPU default; llama.cpp's differs and changes the rounding).
+infer runs in a fresh INFER_HOME: its first speculating run measures the cost profile
+(counted in prefill, not decode).
 Decode tokens/s are medians over the rounds; speed-ups are each tool's over its own
 plain decoding, and the last line divides infer's speed-up by llama-lookup's at its
 best fixed length.
@@ -48,6 +49,7 @@ from pathlib import Path
 
 INFER = [str(Path(sys.executable).parent / "infer")]  # the console script beside this Python
 GPU: list[str] = []  # -ngl N for both tools (--ngl)
+FA = ["-fa", "off"]  # the same flash-attention setting for both tools (--flash-attn)
 
 
 def _function(name: str, args: str, doc: str, setup: list[str], fields: list[str],
@@ -136,7 +138,7 @@ def render(model: str, text: str, instruction: str) -> str:
 
 def run_infer(model: str, text: str, instruction: str, n: int, threads: int, extra: list[str]) -> dict:
     cmd = [*INFER, "run", model, instruction, "--json", "--temp", "0",
-           "-n", str(n), "-t", str(threads), "-fa", "off", "--no-cache", "-c", "4096", *GPU, *extra]
+           "-n", str(n), "-t", str(threads), *FA, "--no-cache", "-c", "4096", *GPU, *extra]
     out = subprocess.run(cmd, input=text, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"infer failed: {out.stderr[-2000:]}")
@@ -148,7 +150,7 @@ def run_infer(model: str, text: str, instruction: str, n: int, threads: int, ext
 
 def run_lookup(binary: Path, model: str, prompt_file: str, n: int, threads: int, k: int) -> dict:
     cmd = [str(binary), "-m", model, "-f", prompt_file, "-n", str(n), "-t", str(threads), "--temp", "0",
-           "-fa", "off", "-c", "4096", "--spec-draft-n-max", str(k), *GPU]
+           *FA, "-c", "4096", "--spec-draft-n-max", str(k), *GPU]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"llama-lookup failed: {out.stderr[-2000:]}")
@@ -176,11 +178,14 @@ def main() -> None:
     ap.add_argument("--infer-extra", default="", help="more infer run flags for the speculating side")
     ap.add_argument("--infer", help="the infer command (default: the console script beside this Python)")
     ap.add_argument("--ngl", help="-ngl for both tools (layers on the GPU)")
+    ap.add_argument("--flash-attn", choices=["off", "on"], default="off",
+                    help="flash attention for both tools (off: infer's CPU default)")
     args = ap.parse_args()
     if args.infer:
         INFER[:] = args.infer.split()
     if args.ngl:
         GPU[:] = ["-ngl", args.ngl]
+    FA[1] = args.flash_attn
     os.environ["INFER_HOME"] = tempfile.mkdtemp(prefix="infer-bench-")
     lookup = Path(args.llama_bin) / "llama-lookup"
     ks = [int(k) for k in args.lookup_n.split(",")]
@@ -258,7 +263,8 @@ def batch_section(args: argparse.Namespace) -> None:
               f"{'accepted':>9}")
         for parallel in [int(p) for p in args.batch_parallel.split(",")]:
             cparams = ContextParams(n_ctx=(parallel + 1) * (max(map(len, prompts)) + n + 16),
-                                    n_seq_max=parallel + 1, n_threads=args.threads, flash_attn="off")
+                                    n_seq_max=parallel + 1, n_threads=args.threads,
+                                    flash_attn=args.flash_attn)
             speeds: dict[str, list[float]] = {}
             counts = (0, 0)
             with Context(model, cparams) as ctx:

@@ -1,6 +1,6 @@
 """Speculation policies replayed on fixed texts: cost-aware against fixed draft lengths.
 
-    python benchmarks/speculative_replay.py MODEL.gguf [-t 2] [-n 512] [--lengths 2,3,4,6,8]
+    python benchmarks/speculative_replay.py MODEL.gguf [-t 2] [-n 512] [--lengths 2,3,4,6,8] [--flash-attn on]
                                             [--text FILE ...]
 
 `speculative.py` measures real runs, where each side writes its own text (verification
@@ -83,11 +83,13 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=512, help="tokens per reply")
     ap.add_argument("--lengths", default="2,3,4,6,8")
+    ap.add_argument("--flash-attn", choices=["off", "on"], default="off")
     ap.add_argument("--text", action="append", default=[], help="another reply to the first edit prompt")
     args = ap.parse_args()
     lengths = [int(k) for k in args.lengths.split(",")]
     replies: dict[str, tuple[list[int], list[int]]] = {}
-    with Session.open(args.model, ContextParams(n_ctx=4096, n_threads=args.threads, flash_attn="off")) as s:
+    with Session.open(args.model, ContextParams(n_ctx=4096, n_threads=args.threads,
+                                                     flash_attn=args.flash_attn)) as s:
         for task, (make, _) in TASKS.items():
             for i, (text, instruction) in enumerate(make()):
                 ask = f"{text}\n\n{instruction}".strip()

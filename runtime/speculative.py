@@ -159,17 +159,19 @@ class Acceptance:
 
     Prompt lookup gives each guess a key (see ``PromptLookup``): a copy of an earlier
     passage that has matched for m tokens, or the statistics of what followed the last n
-    tokens before. Every guess tested (up to and including the first one rejected) and
-    every one accepted is counted under its key. A key starts from a prior worth a few
+    tokens before. Every guess is scored against the tokens that come, whether or not
+    it was verified (``Speculator`` keeps each step's whole proposal until the text
+    has passed it), up to and including its first wrong one, so a kind of guess that
+    the costs rule out is still measured. A key starts from a prior worth a few
     observations, never more than the acceptance of all guesses so far, so that a text
     that does not repeat its input stops speculation under every key at once.
     """
 
     PRIOR_WEIGHT = 3.0
     OVERALL_PRIOR = (0.9, 4.0)  # (rate, weight) before anything was tested: worth trying
-    # Each step, the overall counts fade by this much: after a stretch without repeats has
-    # stopped speculation, the prior returns slowly (half in ~35 steps), and a text that
-    # starts repeating itself later is tried again.
+    # Each step, the overall counts fade by this much: the overall rate follows the
+    # stretch of text being written (half in ~35 steps), and a text that starts
+    # repeating itself later is trusted again.
     FADE = 0.98
 
     def __init__(self) -> None:
@@ -186,17 +188,23 @@ class Acceptance:
         return ((self.accepted.get(key, 0.0) + prior * self.PRIOR_WEIGHT)
                 / (self.tested.get(key, 0.0) + self.PRIOR_WEIGHT))
 
+    def record(self, key: Hashable, right: bool) -> None:
+        """One guess under `key` was scored (its guesses before it were right)."""
+        self.tested[key] = self.tested.get(key, 0.0) + 1
+        self._all[1] += 1
+        if right:
+            self.accepted[key] = self.accepted.get(key, 0.0) + 1
+            self._all[0] += 1
+
     def observe(self, keys: Sequence[Hashable], accepted: int) -> None:
-        """The guesses under `keys` were verified in order and the first `accepted` were right
-        (no keys: a step without guesses)."""
+        """The guesses under `keys` were scored in order and the first `accepted` were right."""
+        for i, key in enumerate(keys[:accepted + 1]):
+            self.record(key, i < accepted)
+
+    def fade(self) -> None:
+        """A step was taken."""
         self._all[0] *= self.FADE
         self._all[1] *= self.FADE
-        for i, key in enumerate(keys[:accepted + 1]):
-            self.tested[key] = self.tested.get(key, 0.0) + 1
-            self._all[1] += 1
-            if i < accepted:
-                self.accepted[key] = self.accepted.get(key, 0.0) + 1
-                self._all[0] += 1
 
 
 def _prior(key: Hashable) -> float:
@@ -461,6 +469,9 @@ class Speculator:
         self.acceptance = Acceptance()
         self.draft_rate = [1.0, 1.0]  # accepted, tested (draft model: calibrates its own p)
         self._last: Proposal | None = None
+        # Prompt lookup's recent proposals, whole (not only the guesses verified), each with
+        # the index of its next guess to score against the tokens that come: [proposal, index]
+        self._shadows: list[list[Any]] = []
 
     def close(self) -> None:
         if isinstance(self.proposer, DraftModel):
@@ -497,9 +508,31 @@ class Speculator:
         """A generation begins after `tokens`."""
         self.proposer.sync(tokens)
         self._last = None
+        self._shadows = []
 
     def extend(self, tokens: Sequence[int]) -> None:
+        """Tokens were added to the history (the sampled one, the guesses accepted)."""
+        if self._shadows:
+            self._score(tokens)
         self.proposer.extend(tokens)
+
+    def _score(self, tokens: Sequence[int]) -> None:
+        """Score the kept proposals' guesses against the tokens that came, each up to its
+        first wrong guess."""
+        live = []
+        for shadow in self._shadows:
+            proposal, i = shadow
+            guesses, keys = proposal.tokens, proposal.keys
+            for token in tokens:
+                right = guesses[i] == token
+                self.acceptance.record(keys[i], right)
+                i += 1
+                if not right or i == len(guesses):
+                    break
+            else:
+                shadow[1] = i
+                live.append(shadow)
+        self._shadows = live
 
     def propose(self, room: int, cost_of: Callable[[int], float] | None = None,
                 share: float = 1.0) -> list[int]:
@@ -517,6 +550,8 @@ class Speculator:
             if k_max < max(self.params.n_min, 1):
                 return []
         proposal = self.proposer.propose(k_max)
+        if proposal is not None and proposal.keys and not self.params.fixed:
+            self._shadows.append([proposal, 0])  # scored as the text comes (Acceptance)
         if proposal is None or len(proposal.tokens) < max(self.params.n_min, 1):
             self._last = None
             return []
@@ -556,7 +591,7 @@ class Speculator:
         """The outcome of the last proposal: `accepted` of `proposed` guesses were right and
         `emitted` tokens were added to the history in all."""
         last = self._last
-        self.acceptance.observe(last.keys[:proposed] if last is not None else (), accepted)
+        self.acceptance.fade()  # (the guesses themselves are scored as the tokens come: extend)
         if last is not None and isinstance(self.proposer, DraftModel):
             tested = min(accepted + 1, proposed)
             self.draft_rate[0] += accepted

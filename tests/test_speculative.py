@@ -87,6 +87,40 @@ def test_acceptance_is_learned_per_key():
     assert acceptance.tested[vague] == 20
 
 
+def drive(speculator: Speculator, prompt: Sequence[int], reply: Sequence[int]) -> tuple[int, int]:
+    """Decode `reply` as the model would write it, each step's guesses checked against it (as
+    Session.generate does): (guesses verified, guesses right)."""
+    speculator.start(prompt)
+    pos = drafted = accepted = 0
+    while pos < len(reply):
+        speculator.extend([reply[pos]])
+        room = len(reply) - pos - 1
+        guesses = speculator.propose(room) if room > 0 else []
+        right = 0
+        while right < len(guesses) and guesses[right] == reply[pos + 1 + right]:
+            right += 1
+        speculator.verified(len(guesses), right, right + 1)
+        speculator.extend(guesses[:right])
+        drafted, accepted = drafted + len(guesses), accepted + right
+        pos += right + 1
+    return drafted, accepted
+
+
+def test_guesses_the_costs_rule_out_are_still_measured():
+    """Where verifying is dear (a batch of n tokens costs 1 + 0.9 (n - 1) steps), only nearly
+    sure guesses pay, and no kind of guess is that sure before it was tested. A reply that
+    repeats one line with a different item each time (as an edited list does) must still be
+    learned: every proposal is scored against the tokens that come, verified or not."""
+    items = [50, 51, 52, 53, 54, 55, 56]
+    reply: list[int] = []
+    for i in range(60):
+        reply += [10, 11, 12, 13, 14, items[(i * 3) % 7], 15, 16, 17, 18, 19, 20]
+    dear = {"batch": {str(n): 0.01 * (1 + 0.9 * (n - 1)) for n in range(1, 18)}, "draft_step": None}
+    drafted, accepted = drive(Speculator(SpecParams(), profile=dear), list(range(100, 160)), reply)
+    assert accepted > len(reply) / 2, (drafted, accepted)
+    assert accepted >= 0.9 * drafted  # and it learned where the line varies: not the item
+
+
 def test_no_guess_when_a_verification_step_costs_more_than_it_is_expected_to_save():
     linear = [1.0 + (n - 1) for n in range(1, 18)]  # a batch of n costs n steps: never pays
     assert best_length([0.9] * 16, [0.0, *linear[1:]], 0) == 0
@@ -414,3 +448,4 @@ def test_batch_reports_speculation_per_line_and_refuses_a_draft_model(smollm2, t
     assert "infer: speculation:" in done.stderr
     refused = run_cli("batch", smollm2, str(lines), "-md", smollm2)
     assert_one_line_error(refused, 2, "prompt lookup only")
+
