@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from infer.cli import options as o
+from infer.cli import remote
 from infer.cli.errors import shielded
 from infer.cli.placement import explain, place, report
 from infer.cli.render import reply_writer
@@ -52,6 +53,7 @@ HELP = """commands:
         "--plain", help="Print replies as they come, without rendering Markdown.",
         rich_help_panel=o.OUTPUT)], False),
     o.NO_CACHE,
+    o.SERVER,
 )
 def chat(ctx: typer.Context, **flags: Any) -> None:
     """Chat with a model; each turn prefills only the new message."""
@@ -64,6 +66,10 @@ def _chat(flags: Mapping[str, Any]) -> None:
     if flags["verbose"]:
         o.log_to_stderr()
     overrides = o.sampling_overrides(flags)
+    where = remote.address(flags)
+    if where is not None:  # the model is loaded there
+        _chat_through(flags, where, overrides)
+        return
     SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
     o.context_params(flags)
     o.spec_params(flags)
@@ -84,6 +90,22 @@ def _chat(flags: Mapping[str, Any]) -> None:
         if flags["session_name"]:
             state.load(flags["session_name"])
         messages = _terminal_messages(loaded.reference) if sys.stdin.isatty() else _piped_messages()
+        for text in messages:
+            if not state.handle(text):
+                break
+
+
+def _chat_through(flags: Mapping[str, Any], where: Any, overrides: dict[str, Any]) -> None:
+    """The chat with the model loaded in the server at `where`."""
+    from infer.cli.chat_remote import RemoteChat
+
+    remote.refuse_local_flags(flags, o.defaults(chat))
+    if flags["session_name"]:
+        raise UsageError("--session restores a KV cache into a model loaded here: not available through a "
+                         "server yet")
+    remote.check(where)  # unreachable, or not this user's: said now, before anything is typed
+    with RemoteChat(flags, where, overrides) as state:
+        messages = _terminal_messages(state.model_name) if sys.stdin.isatty() else _piped_messages()
         for text in messages:
             if not state.handle(text):
                 break
@@ -192,8 +214,7 @@ class ChatState:
             elif name == "/stats":
                 self._stats()
             elif name == "/tokens":
-                used, n_ctx = len(self.conversation.tokens()), self.conversation.session.n_ctx
-                _say(f"{used} of {n_ctx} tokens in context ({used / n_ctx:.0%})")
+                self._tokens()
             elif name == "/save":
                 self.save(arg)
             elif name == "/load":
@@ -201,16 +222,27 @@ class ChatState:
             elif name == "/model":
                 self._model(arg)
             elif name == "/show":
-                model = self.conversation.session.model
-                _say(f"model: {self.model_name} ({model.description()}, {model.n_params / 1e6:.0f}M params)\n"
-                     f"context: {self.conversation.session.n_ctx} tokens\n"
-                     f"system: {self.conversation.system or '(none)'}\n"
-                     f"template: {(model.chat_template() or 'chatml (built-in)')[:200]}")
+                self._show()
             else:
                 _note(f"unknown command {name} (/help lists them)")
         except InferError as e:
             _note(f"error: {e}")
         return True
+
+    def _tokens(self) -> None:
+        used, n_ctx = len(self.conversation.tokens()), self.conversation.session.n_ctx
+        _say(f"{used} of {n_ctx} tokens in context ({used / n_ctx:.0%})")
+
+    def _show(self) -> None:
+        model = self.conversation.session.model
+        _say(f"model: {self.model_name} ({model.description()}, {model.n_params / 1e6:.0f}M params)\n"
+             f"context: {self.conversation.session.n_ctx} tokens\n"
+             f"system: {self.conversation.system or '(none)'}\n"
+             f"template: {(model.chat_template() or 'chatml (built-in)')[:200]}")
+
+    def _context_used(self) -> int:
+        """The tokens the conversation takes in the context now."""
+        return len(self.conversation.tokens())
 
     def _model(self, arg: str) -> None:
         if not arg:
@@ -311,7 +343,7 @@ class ChatState:
             _say("no reply yet")
             return
         c = self.last
-        _say(f"context: {len(self.conversation.tokens())} tokens; last turn: {c.usage.prompt_tokens} "
+        _say(f"context: {self._context_used()} tokens; last turn: {c.usage.prompt_tokens} "
              f"prompt tokens ({c.usage.cached_tokens} cached, {c.timings.prefill_tokens} prefilled), "
              f"{c.usage.completion_tokens} generated; time to first token {c.timings.ttft_ms:.0f} ms; "
              f"prefill {c.timings.prefill_tps:.1f} tokens/s; "
@@ -319,8 +351,8 @@ class ChatState:
              f"{describe(c.usage, c.timings)}")
 
     def _stream(self, events: Iterator[Any]) -> None:
-        from infer.runtime.conversation import Dropped
-        from infer.runtime.session import Completion, Piece
+        from infer.runtime.messages import Dropped
+        from infer.runtime.results import Completion, Piece
 
         reply = None
         try:

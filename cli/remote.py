@@ -87,8 +87,25 @@ def request_fields(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def alias_system(model: str) -> str | None:
+    """The system prompt an alias of models.toml gives, as a command applies it locally."""
+    if "/" in model or "\\" in model or model.lower().endswith(".gguf"):  # a path or a Hub repo: no alias
+        return None
+    from infer.quant.catalog import load_catalog
+
+    try:
+        entry = load_catalog().get(model)  # (the catalog names every entry by each of its aliases)
+    except InferError:
+        return None
+    return entry.system if entry is not None else None
+
+
 def _empty(value: Any) -> bool:
     return value is None or value == [] or value == ()
+
+
+class ContextTooLong(UsageError):
+    """The server says the request does not fit its context (a chat may drop old exchanges)."""
 
 
 @dataclass
@@ -146,14 +163,13 @@ def _connection(addr: Address) -> Any:
     return UnixConnection("localhost", timeout=CONNECT_TIMEOUT_S)
 
 
-def stream_events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """POST `body` (with stream: true) and yield each server-sent event's JSON object until
-    [DONE]. Closing the generator early closes the connection: the server then stops the
-    request at its next step."""
+def _open(addr: Address, method: str, path: str, body: Mapping[str, Any] | None) -> tuple[Any, Any]:
+    """Send a request: (connection, response), the response's status 200 (another status is
+    raised as infer's error for it)."""
     import http.client
 
     conn = _connection(addr)
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
     api_key = os.environ.get(API_KEY_VARIABLE, "").strip()
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -162,7 +178,8 @@ def stream_events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator
             conn.connect()
             assert conn.sock is not None
             conn.sock.settimeout(None)  # a long prompt may take a while before the first token
-            conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+            conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                         headers=headers)
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as e:
             raise NetworkError(f"cannot reach the infer server at {addr.shown} ({_reason(e)}); start one "
@@ -170,6 +187,29 @@ def stream_events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator
                                ) from None
         if response.status != 200:
             raise _error(response.status, response.read(), addr.shown)
+    except BaseException:
+        conn.close()
+        raise
+    return conn, response
+
+
+def check(addr: Address) -> None:
+    """Raise infer's error if the server cannot be reached or refuses this user (its API key)."""
+    conn, response = _open(addr, "GET", "/v1/models", None)
+    try:
+        response.read()
+    finally:
+        conn.close()
+
+
+def stream_events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """POST `body` (with stream: true) and yield each server-sent event's JSON object until
+    [DONE]. Closing the generator early closes the connection: the server then stops the
+    request at its next step."""
+    import http.client
+
+    conn, response = _open(addr, "POST", path, body)
+    try:
         try:
             for raw in response:
                 line = raw.strip()
@@ -204,6 +244,8 @@ def _error(status: int, raw: bytes, shown: str) -> InferError:
     if status == 401:
         return NetworkError(f"the infer server at {shown} wants an API key: {message} "
                             f"(set {API_KEY_VARIABLE})")
+    if code == "context_length_exceeded":
+        return ContextTooLong(message)
     if status in (400, 413, 422):
         return UsageError(message)
     if status == 503:
@@ -211,33 +253,32 @@ def _error(status: int, raw: bytes, shown: str) -> InferError:
     return NetworkError(f"the infer server at {shown} answered {status}: {message}")
 
 
-def generate(addr: Address, path: str, body: Mapping[str, Any], *,
-             on_text: Callable[[str], None] | None = None) -> Any:
-    """Send one request (streamed); `on_text` sees the reply's text as it comes. The reply as
-    a `Completion`, with the server's own figures (its seed, finish reason, timings)."""
-    from infer.runtime.results import Completion, Timings, Usage
+def events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[Any]:
+    """Send one request (streamed): the reply's text as `Piece`s as it comes, then the reply
+    as a `Completion`, with the server's own figures (its seed, finish reason, timings).
+    Closing the generator early (Ctrl-C) closes the connection: the server stops the request."""
+    from infer.runtime.results import Completion, Piece, Timings, Usage
 
     pieces: list[str] = []
     usage: dict[str, Any] = {}
     ours: dict[str, Any] = {}
     finish = "length"
-    events = stream_events(addr, path, body)
+    stream = stream_events(addr, path, body)
     try:
-        for event in events:
+        for event in stream:
             for choice in event.get("choices") or ():
                 piece = choice["delta"].get("content") if "delta" in choice else choice.get("text")
                 if piece:
                     pieces.append(piece)
-                    if on_text is not None:
-                        on_text(piece)
+                    yield Piece(piece)
                 if choice.get("finish_reason"):
                     finish = "eos" if choice["finish_reason"] == "stop" else choice["finish_reason"]
             usage = event.get("usage") or usage
             ours = event.get("infer") or ours
     finally:
-        events.close()  # early (Ctrl-C): the connection closes and the server stops the request
+        stream.close()
     t = ours.get("timings") or {}
-    return Completion(
+    yield Completion(
         "".join(pieces), ours.get("finish_reason", finish),
         Usage(usage.get("prompt_tokens", 0),
               (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
@@ -245,3 +286,21 @@ def generate(addr: Address, path: str, body: Mapping[str, Any], *,
         Timings(0.0, t.get("prefill_ms", 0.0), t.get("decode_ms", 0.0), t.get("ttft_ms", 0.0),
                 t.get("prefill_tokens", 0)),
         ours.get("seed"))
+
+
+def generate(addr: Address, path: str, body: Mapping[str, Any], *,
+             on_text: Callable[[str], None] | None = None) -> Any:
+    """Send one request (streamed); `on_text` sees the reply's text as it comes. The reply as
+    a `Completion` (see `events`)."""
+    from infer.runtime.results import Piece
+
+    replies = events(addr, path, body)
+    try:
+        for event in replies:
+            if not isinstance(event, Piece):
+                return event
+            if on_text is not None:
+                on_text(event.text)
+    finally:
+        replies.close()
+    raise AssertionError("events() ends with a Completion")

@@ -13,7 +13,7 @@ import typer
 from infer.cli import options as o
 from infer.cli.errors import shielded
 from infer.cli.stdin import combine_prompt
-from infer.runtime.errors import InferError, UsageError
+from infer.runtime.errors import UsageError
 
 if TYPE_CHECKING:
     from infer.cli import remote
@@ -176,25 +176,12 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
     else:
         system = flags["system"]
         if system is None and record is None:
-            system = _alias_system(model)
+            system = remote.alias_system(model)
         record = _ask(record, model, system, text)
         path, body = "/v1/chat/completions", {"messages": record.messages}
     body.update(model=model, stream=True, stream_options={"include_usage": True}, **fields)
     completion = _remote_generate(where, path, body, stream=not flags["json_output"])
     _report(flags, model, completion, record)
-
-
-def _alias_system(model: str) -> str | None:
-    """The system prompt an alias of models.toml gives, as `infer run` applies it locally."""
-    if "/" in model or "\\" in model or model.lower().endswith(".gguf"):  # a path or a Hub repo: no alias
-        return None
-    from infer.quant.catalog import load_catalog
-
-    try:
-        entry = load_catalog().get(model)  # (the catalog names every entry by each of its aliases)
-    except InferError:
-        return None
-    return entry.system if entry is not None else None
 
 
 def _remote_generate(where: remote.Address, path: str, body: Mapping[str, Any], *, stream: bool) -> Any:

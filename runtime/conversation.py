@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infer.runtime.errors import ContextOverflowError, UsageError
+from infer.runtime.messages import Dropped, Messages
 from infer.runtime.prompt import chat_prompt, preamble_len
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Completion, Piece, Session, common_prefix_len
@@ -27,19 +27,14 @@ from infer.runtime.session import Completion, Piece, Session, common_prefix_len
 if TYPE_CHECKING:
     from infer.runtime.prompt_cache import PromptCache
 
+__all__ = ["CONTEXT_POLICIES", "Conversation", "Dropped"]
+
 CONTEXT_POLICIES = ("drop-oldest", "error")
 # Room kept for the reply when no token limit is set.
 DEFAULT_REPLY_ROOM = 256
 
 
-@dataclass(frozen=True)
-class Dropped:
-    """Oldest exchanges were dropped so that the next turn fits the context."""
-
-    exchanges: int
-
-
-class Conversation:
+class Conversation(Messages):
     """Messages (system prompt first), the session that runs them, and the context policy."""
 
     def __init__(self, session: Session, *, system: str | None = None, template: str | None = None,
@@ -52,31 +47,7 @@ class Conversation:
         self.context_policy = context_policy
         self.prompt_cache = prompt_cache
         self.cache_name = cache_name  # the model's name in `infer cache list`
-        self.messages: list[dict[str, Any]] = []
-        self.set_system(system)
-
-    @property
-    def system(self) -> str | None:
-        if self.messages and self.messages[0]["role"] == "system":
-            return str(self.messages[0]["content"])
-        return None
-
-    def set_system(self, text: str | None) -> None:
-        """Replace the system prompt (None removes it); the rest of the conversation stays."""
-        rest = [m for m in self.messages if m["role"] != "system"]
-        self.messages = ([{"role": "system", "content": text}] if text else []) + rest
-
-    def clear(self) -> None:
-        """A new conversation with the same system prompt."""
-        self.messages = self.messages[:1] if self.system is not None else []
-
-    def undo(self) -> bool:
-        """Remove the last exchange (user message and reply); False if there is none."""
-        last_user = self._last_user_index()
-        if last_user is None:
-            return False
-        del self.messages[last_user:]
-        return True
+        super().__init__(system)
 
     def tokens(self, messages: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt tokens of `messages` (default: the conversation) with the reply opened."""
@@ -130,14 +101,8 @@ class Conversation:
             tokens = self.tokens()
             if len(tokens) + room <= n_ctx:
                 return tokens, dropped
-            first = 1 if self.system is not None else 0
-            last_user = self._last_user_index()
-            if self.context_policy == "error" or last_user is None or last_user <= first:
+            if self.context_policy == "error" or not self.drop_oldest():
                 raise ContextOverflowError(prompt_tokens=len(tokens), max_tokens=room, n_ctx=n_ctx)
-            # Drop the oldest exchange: its user message and everything up to the next one.
-            end = next(i for i in range(first + 1, len(self.messages))
-                       if self.messages[i]["role"] == "user")
-            del self.messages[first:end]
             dropped += 1
 
     def _through_cache(self, tokens: list[int]) -> dict[str, Any]:
@@ -156,10 +121,3 @@ class Conversation:
             return {"started": started}
         return {"started": started, "checkpoints": (preamble,),
                 "on_checkpoint": lambda _n: cache.store(self.session, self.cache_name, wait=False)}
-
-    def _last_user_index(self) -> int | None:
-        for i in range(len(self.messages) - 1, -1, -1):
-            if self.messages[i]["role"] == "user":
-                return i
-        return None
-

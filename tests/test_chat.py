@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli
+from conftest import assert_one_line_error, run_cli
+from serve_helpers import Server
 
 
-def chat(model, script, *flags):
-    return run_cli("chat", model, "-n", "4", "--temp", "0", *flags, input=script)
+def chat(model, script, *flags, env=None):
+    return run_cli("chat", model, "-n", "4", "--temp", "0", *flags, input=script, env=env)
 
 
 def test_piped_messages_get_one_reply_each(tiny_qwen):
@@ -128,3 +129,65 @@ def test_a_long_system_prompt_is_prefilled_once_across_chats(model, request, inf
     # The reply is what a chat without the cache gives.
     plain = chat(path, "What is a delta?\n", "-s", LONG_SYSTEM, "--no-cache")
     assert second.stdout.splitlines()[0] == plain.stdout.splitlines()[0]
+
+
+# -- through a running `infer serve` (--server / INFER_SERVER) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_server(tiny_qwen, tmp_path_factory):
+    server = Server(str(tiny_qwen), "-np", "2", "-c", "4096", home=tmp_path_factory.mktemp("chat-server"))
+    yield server
+    assert server.stop() == 0, "".join(server.log)
+
+
+def test_a_chat_through_a_server_says_what_it_says_here(tiny_qwen, chat_server):
+    script = "Hello\nHow are you?\n/retry\n/undo\n/system Be brief.\nWho are you?\n"
+    here = chat(tiny_qwen, script)
+    there = chat(tiny_qwen, script, "--server", chat_server.url)
+    assert there.returncode == 0, there.stderr
+    assert there.stdout == here.stdout and len(there.stdout.strip().splitlines()) == 4
+
+
+def test_the_server_reuses_the_conversation_so_far(tiny_qwen, chat_server):
+    r = chat(tiny_qwen, "Hello\n/stats\nTell me more\n/stats\n/tokens\n",
+             env={"INFER_SERVER": chat_server.url})
+    assert r.returncode == 0, r.stderr
+    stats = [line for line in r.stdout.splitlines() if line.startswith("context:")]
+    cached = [int(s.split("(")[1].split(" cached")[0]) for s in stats]
+    prompt = [int(s.split("last turn: ")[1].split(" prompt")[0]) for s in stats]
+    assert cached[1] >= prompt[0]  # the second turn's prefix was the first turn, kept in the slot
+    assert "tokens in the server's context after the last turn" in r.stdout
+
+
+def test_what_belongs_to_the_server_is_refused_through_it(tiny_qwen, chat_server):
+    script = "/set temp 0.5\n/set ctx 512\n/save talk\n/show\n/set\nHi\n"
+    r = chat(tiny_qwen, script, "--server", chat_server.url)
+    assert r.returncode == 0, r.stderr
+    assert "temperature = 0.5" in r.stderr
+    assert "ctx belongs where the model is loaded" in r.stderr
+    assert "/save keeps a KV cache" in r.stderr
+    assert f"loaded in the infer server at {chat_server.url}" in r.stdout
+    assert "temperature = 0.5" in r.stdout  # /set alone: what this chat sets
+    refused = run_cli("chat", tiny_qwen, "-c", "512", "--server", chat_server.url, input="Hi\n")
+    assert_one_line_error(refused, 2, "-c/--ctx-size belongs where the model is loaded")
+
+
+def test_an_unreachable_server_ends_the_chat_with_exit_4(tiny_qwen, tmp_path):
+    r = chat(tiny_qwen, "Hello\n", "--server", f"unix:{tmp_path / 'nobody.sock'}")
+    assert_one_line_error(r, 4, "cannot reach the infer server")
+
+
+def test_old_exchanges_are_dropped_when_the_server_says_the_chat_no_longer_fits(tiny_qwen, tmp_path):
+    server = Server(str(tiny_qwen), "-np", "1", "-c", "256", home=tmp_path)
+    try:
+        script = "".join(f"Message {i}: {'words ' * 12}\n" for i in range(12))
+        r = run_cli("chat", tiny_qwen, "-n", "8", "--temp", "0", "--server", server.url, input=script)
+        assert r.returncode == 0, r.stderr
+        assert "context full: dropped the 1 oldest exchange(s)" in r.stderr
+        assert len(r.stdout.strip().splitlines()) >= 12  # every message was answered
+        refused = run_cli("chat", tiny_qwen, "-n", "8", "--temp", "0", "--context-policy", "error",
+                          "--server", server.url, input=script)
+        assert refused.returncode == 0 and "error:" in refused.stderr
+    finally:
+        assert server.stop() == 0, "".join(server.log)

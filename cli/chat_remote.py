@@ -1,0 +1,175 @@
+"""`infer chat` through a running `infer serve` (--server URL or INFER_SERVER).
+
+Each turn sends the whole conversation to the server's /v1/chat/completions; the server's
+slots keep the KV cache of what they last ran, so a turn prefills only the new message
+there as it does here. The chat looks and behaves as it does with the model loaded here:
+the same line editor, the same slash commands, the same replies. What belongs where the
+model is loaded is the server's: its context size (`/set ctx` is refused), its template,
+and the KV cache (`/save` and `/load` keep only the messages and parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import partial
+from typing import Any
+
+from infer.cli import remote
+from infer.cli.chat import _PARAM_ALIASES, ChatState, _note, _param_names, _param_types, _parse_value, _say
+from infer.cli.render import reply_writer
+from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, UsageError
+from infer.runtime.messages import Dropped, Messages
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+class RemoteConversation(Messages):
+    """The chat's messages, each turn sent whole to the server at `where`."""
+
+    def __init__(self, where: remote.Address, model: str, *, system: str | None,
+                 context_policy: str = "drop-oldest") -> None:
+        super().__init__(system)
+        self.where = where
+        self.model = model
+        self.context_policy = context_policy
+
+    def send(self, text: str, fields: Mapping[str, Any]) -> Iterator[Any]:
+        """Add a user message and stream the server's reply (Piece ..., Completion)."""
+        self.messages.append({"role": "user", "content": text})
+        yield from self._reply(fields, new=True)
+
+    def retry(self, fields: Mapping[str, Any]) -> Iterator[Any]:
+        """Generate the last reply again."""
+        last_user = self._last_user_index()
+        if last_user is None:
+            raise UsageError("nothing to retry yet")
+        del self.messages[last_user + 1:]
+        yield from self._reply(fields, new=False)
+
+    def _reply(self, fields: Mapping[str, Any], *, new: bool) -> Iterator[Any]:
+        from infer.runtime.results import Completion, Piece
+
+        dropped = 0
+        while True:  # the server refuses a conversation that no longer fits its context
+            body = {"model": self.model, "messages": self.messages, "stream": True,
+                    "stream_options": {"include_usage": True}, **fields}
+            replies = remote.events(self.where, CHAT_PATH, body)
+            try:
+                first = next(replies)
+            except remote.ContextTooLong:
+                if self.context_policy != "error" and self.drop_oldest():
+                    dropped += 1
+                    continue
+                if new:
+                    self.messages.pop()  # the message that does not fit is not kept
+                raise
+            except InferError:
+                if new:
+                    self.messages.pop()
+                raise
+            break
+        if dropped:
+            yield Dropped(dropped)
+        said: list[str] = []
+        completed = False
+        try:
+            event = first
+            while True:
+                if isinstance(event, Piece):
+                    said.append(event.text)
+                elif isinstance(event, Completion):
+                    self.messages.append({"role": "assistant", "content": event.text})
+                    completed = True
+                yield event
+                if completed:
+                    break
+                event = next(replies)
+        finally:
+            replies.close()  # (Ctrl-C: the connection closes and the server stops the request)
+            if not completed:  # interrupted: what was said so far is the reply
+                self.messages.append({"role": "assistant", "content": "".join(said)})
+
+
+class RemoteChat(ChatState):
+    """The chat's state and slash commands, with the model loaded in a server."""
+
+    def __init__(self, flags: Mapping[str, Any], where: remote.Address, overrides: dict[str, Any]) -> None:
+        # (ChatState.__init__ loads a model; nothing of it applies here)
+        model = flags["model"]
+        system = flags["system"] if flags["system"] is not None else remote.alias_system(model)
+        self.flags = flags
+        self.where = where
+        self.cache = None
+        self.conversation: Any = RemoteConversation(where, model, system=system,
+                                                    context_policy=flags["context_policy"])
+        self.overrides = overrides
+        self.params: Any = remote.request_fields(overrides)
+        self.reply = partial(reply_writer, flags["plain"])
+        self.last: Any = None
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def handle(self, text: str) -> bool:
+        """As ChatState's, but a first turn that cannot reach the server or finds no such model
+        ends the chat with that error's exit code, as a model that fails to load does."""
+        if self.last is None and text.strip() and not text.startswith("/"):
+            try:
+                self._stream(self.conversation.send(text, self.params))
+            except (NetworkError, ModelNotFoundError):
+                raise
+            except InferError as e:
+                _note(f"error: {e}")
+            return True
+        return super().handle(text)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.conversation.model)
+
+    def _tokens(self) -> None:
+        if self.last is None:
+            _say("no reply yet (the server counts the tokens of each turn)")
+            return
+        _say(f"{self._context_used()} tokens in the server's context after the last turn")
+
+    def _show(self) -> None:
+        _say(f"model: {self.model_name} (loaded in the infer server at {self.where.shown})\n"
+             f"system: {self.conversation.system or '(none)'}\n"
+             "context and template: the server's")
+
+    def _context_used(self) -> int:
+        if self.last is None:
+            return 0
+        return int(self.last.usage.prompt_tokens + self.last.usage.completion_tokens)
+
+    def _model(self, arg: str) -> None:
+        if not arg:
+            _say(f"model: {self.model_name}")
+            return
+        self.conversation.model = arg  # the server loads it for the next turn (or says it cannot)
+        _note(f"now chatting with {arg}; the next turn reads the conversation again")
+
+    def save(self, name: str) -> None:
+        raise UsageError("/save keeps a KV cache, which is the server's: not available through a server yet")
+
+    def load(self, name: str) -> None:
+        raise UsageError("/load restores a KV cache into a model loaded here: not available through a "
+                         "server yet")
+
+    def _set(self, arg: str) -> None:
+        names = _param_names()
+        if not arg:
+            _say("\n".join(f"{k} = {v!r}" for k, v in self.overrides.items()) or
+                 "no parameters set: the server's defaults apply")
+            return
+        key, _, value = arg.partition(" ")
+        key = _PARAM_ALIASES.get(key, key.replace("-", "_"))
+        if key == "ctx":
+            raise UsageError("ctx belongs where the model is loaded: give -c to `infer serve`")
+        if key not in names:
+            raise UsageError(f"unknown parameter {key!r}")
+        overrides = {**self.overrides, key: _parse_value(_param_types()[key], key, value.strip())}
+        self.params = remote.request_fields(overrides)  # (a setting the server cannot take fails here)
+        self.overrides = overrides
+        _note(f"{key} = {overrides[key]!r}")

@@ -1,0 +1,62 @@
+"""A chat's messages and the edits the chat commands make to them, with nothing of a model
+loaded: a local Conversation and a chat sent to a server (cli/chat_remote.py) share it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """Oldest exchanges were dropped so that the next turn fits the context."""
+
+    exchanges: int
+
+
+class Messages:
+    """Messages in order, the system prompt (if any) first."""
+
+    def __init__(self, system: str | None = None) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.set_system(system)
+
+    @property
+    def system(self) -> str | None:
+        if self.messages and self.messages[0]["role"] == "system":
+            return str(self.messages[0]["content"])
+        return None
+
+    def set_system(self, text: str | None) -> None:
+        """Replace the system prompt (None removes it); the rest of the conversation stays."""
+        rest = [m for m in self.messages if m["role"] != "system"]
+        self.messages = ([{"role": "system", "content": text}] if text else []) + rest
+
+    def clear(self) -> None:
+        """A new conversation with the same system prompt."""
+        self.messages = self.messages[:1] if self.system is not None else []
+
+    def undo(self) -> bool:
+        """Remove the last exchange (user message and reply); False if there is none."""
+        last_user = self._last_user_index()
+        if last_user is None:
+            return False
+        del self.messages[last_user:]
+        return True
+
+    def drop_oldest(self) -> bool:
+        """Drop the oldest exchange (never the system prompt nor the last user message);
+        False if there is none to drop."""
+        first = 1 if self.system is not None else 0
+        last_user = self._last_user_index()
+        if last_user is None or last_user <= first:
+            return False
+        end = next(i for i in range(first + 1, len(self.messages)) if self.messages[i]["role"] == "user")
+        del self.messages[first:end]
+        return True
+
+    def _last_user_index(self) -> int | None:
+        for i in range(len(self.messages) - 1, -1, -1):
+            if self.messages[i]["role"] == "user":
+                return i
+        return None
