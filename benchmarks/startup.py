@@ -61,6 +61,13 @@ sys.stdout.write(b"".join(out).decode("utf-8", "replace") + "\n")
 '''
 
 
+# What a user runs: the console script beside this Python (it leaves without the
+# interpreter's teardown, cli.main.console); `python -c` where it is missing.
+_SCRIPT = Path(sys.executable).parent / "infer"
+INFER = ([str(_SCRIPT)] if _SCRIPT.exists()
+         else [sys.executable, "-c", "from infer.cli.main import console; console()"])
+
+
 def timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -80,7 +87,7 @@ def main() -> None:
     if args.server:
         through_a_server(args)
         return
-    infer = [sys.executable, "-c", "from infer.cli.main import main; main()", "run",
+    infer = [*INFER, "run",
              args.name or args.model,
              "Hello", "-n", "16", "-t", str(args.threads)]
     completion = args.llama_bin / "llama-completion" if args.llama_bin else None
@@ -125,7 +132,7 @@ def through_a_server(args: argparse.Namespace) -> None:
     home = tempfile.mkdtemp()
     env = {**os.environ, "INFER_HOME": home}
     t0 = time.perf_counter()
-    server = subprocess.Popen([sys.executable, "-c", "from infer.cli.main import main; main()", "serve",
+    server = subprocess.Popen([*INFER, "serve",
                                args.name or args.model, "--port", "0", "-np", "1", "-t", str(args.threads),
                                "-fa", "off", "--no-socket"], stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -153,7 +160,7 @@ def through_a_server(args: argparse.Namespace) -> None:
 
     def infer(prompt: str) -> float:
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "from infer.cli.main import main; main()", "run",
+        subprocess.run([*INFER, "run",
                         args.name or args.model, prompt, "-n", "16"], stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=infer_env)
         return time.perf_counter() - t

@@ -83,3 +83,29 @@ def test_a_run_through_a_server_loads_neither_llama_cpp_nor_templates(tiny_qwen,
         assert out.stdout.strip().splitlines()[-1] == "imported: []", out.stderr
     finally:
         assert server.stop() == 0
+
+
+def test_the_installed_command_finishes_everything_before_it_leaves(tiny_qwen, infer_home):
+    """The console script skips the interpreter's teardown (cli.main.console): the reply
+    still arrives whole, the conversation and the prompt cache's state (written by a
+    thread) are saved, and the exit codes are the same."""
+    import json
+    from pathlib import Path
+
+    infer = str(Path(sys.executable).parent / "infer")
+
+    def call(*args: str, text: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([infer, *args], input=text, capture_output=True, text=True, timeout=120)
+
+    long_text = " ".join(f"line {i} of a long document." for i in range(120))  # over 256 tokens
+    first = call("run", str(tiny_qwen), "Summarize.", "-n", "4", "--temp", "0", "--json", text=long_text)
+    assert first.returncode == 0, first.stderr
+    reply = json.loads(first.stdout)
+    assert reply["usage"]["completion_tokens"] == 4
+    states = list((infer_home / "cache" / "prompts").rglob("*.kv"))
+    assert states and all(p.stat().st_size > 0 for p in states), "no prompt-cache state was written"
+    follow = call("run", "-C", "Go on", "-n", "4", "--temp", "0", "--json")
+    assert follow.returncode == 0, follow.stderr
+    assert json.loads(follow.stdout)["conversation"] == reply["conversation"]
+    missing = call("run", str(infer_home / "missing.gguf"), "hi")
+    assert missing.returncode == 3 and missing.stderr.count("\n") == 1, missing.stderr
