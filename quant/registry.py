@@ -18,13 +18,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from infer.quant.catalog import REPO_ID, CatalogEntry, load_catalog
 from infer.quant.gguf_check import check_gguf
 from infer.quant.paths import infer_home, known_output
 from infer.quant.quants import SPLIT_PART, quant_of
 from infer.runtime.atomic import write_atomic
 from infer.runtime.errors import ModelError, ModelNotFoundError, NetworkError, UsageError
+
+if TYPE_CHECKING:
+    from infer.quant.catalog import CatalogEntry
 
 _HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)
 _MEMO_NAME = "checked-gguf.json"
@@ -51,6 +54,8 @@ class HubReference:
 
 def parse_hub_reference(reference: str) -> HubReference | None:
     """`owner/repo`, `owner/repo:QUANT`, with an optional `hf.co/` prefix; None if not one."""
+    from infer.quant.catalog import REPO_ID
+
     text = _HUB_PREFIX.sub("", reference.strip())
     repo, _, quant = text.partition(":")
     if not REPO_ID.match(repo):
@@ -88,6 +93,8 @@ def resolve_model(reference: str, *, offline: bool = False,
         return ResolvedModel(reference, _local_gguf(built, reference))
     if reference.endswith(".gguf"):
         return ResolvedModel(reference, _local_gguf(path, reference))
+    from infer.quant.catalog import load_catalog  # (not for a file: models.toml is not read)
+
     entry = load_catalog().get(reference)
     if entry is not None and entry.embedded is not None:
         from infer.quant.embedded import embedded_file
