@@ -18,7 +18,7 @@ from infer.cli import remote
 from infer.cli.chat import _PARAM_ALIASES, ChatState, _note, _param_names, _param_types, _parse_value, _say
 from infer.cli.render import reply_writer
 from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, UsageError
-from infer.runtime.messages import Dropped, Messages
+from infer.runtime.messages import Dropped, Messages, check_context_policy
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -31,7 +31,7 @@ class RemoteConversation(Messages):
         super().__init__(system)
         self.where = where
         self.model = model
-        self.context_policy = context_policy
+        self.context_policy = check_context_policy(context_policy)
 
     def send(self, text: str, fields: Mapping[str, Any]) -> Iterator[Any]:
         """Add a user message and stream the server's reply (Piece ..., Completion)."""

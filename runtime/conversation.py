@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from infer.runtime.errors import ContextOverflowError, UsageError
-from infer.runtime.messages import Dropped, Messages
+from infer.runtime.messages import CONTEXT_POLICIES, Dropped, Messages, check_context_policy
 from infer.runtime.prompt import chat_prompt, preamble_len
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Completion, Piece, Session, common_prefix_len
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTEXT_POLICIES", "Conversation", "Dropped"]
 
-CONTEXT_POLICIES = ("drop-oldest", "error")
 # Room kept for the reply when no token limit is set.
 DEFAULT_REPLY_ROOM = 256
 
@@ -40,11 +39,9 @@ class Conversation(Messages):
     def __init__(self, session: Session, *, system: str | None = None, template: str | None = None,
                  context_policy: str = "drop-oldest", prompt_cache: PromptCache | None = None,
                  cache_name: str = "") -> None:
-        if context_policy not in CONTEXT_POLICIES:
-            raise UsageError(f"context policy must be one of {', '.join(CONTEXT_POLICIES)}")
         self.session = session
         self.template = template
-        self.context_policy = context_policy
+        self.context_policy = check_context_policy(context_policy)
         self.prompt_cache = prompt_cache
         self.cache_name = cache_name  # the model's name in `infer cache list`
         super().__init__(system)

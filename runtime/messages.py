@@ -6,6 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from infer.runtime.errors import UsageError
+
+# When the next turn would not fit the context: drop the oldest exchanges, or fail the turn.
+CONTEXT_POLICIES = ("drop-oldest", "error")
+
+
+def check_context_policy(policy: str) -> str:
+    if policy not in CONTEXT_POLICIES:
+        raise UsageError(f"context policy must be one of {', '.join(CONTEXT_POLICIES)}")
+    return policy
+
 
 @dataclass(frozen=True)
 class Dropped:
