@@ -100,11 +100,10 @@ def _chat_through(flags: Mapping[str, Any], where: Any, overrides: dict[str, Any
     from infer.cli.chat_remote import RemoteChat
 
     remote.refuse_local_flags(flags, o.defaults(chat))
-    if flags["session_name"]:
-        raise UsageError("--session restores a KV cache into a model loaded here: not available through a "
-                         "server yet")
     remote.check(where)  # unreachable, or not this user's: said now, before anything is typed
     with RemoteChat(flags, where, overrides) as state:
+        if flags["session_name"]:
+            state.load(flags["session_name"])
         messages = _terminal_messages(state.model_name) if sys.stdin.isatty() else _piped_messages()
         for text in messages:
             if not state.handle(text):
@@ -253,41 +252,27 @@ class ChatState:
 
     def save(self, name: str) -> None:
         """Messages, parameters and the KV state, written atomically under INFER_HOME/sessions."""
-        import hashlib
-        import json
-
-        from infer.runtime.atomic import write_atomic
-
-        folder = _session_folder(name)
         tokens, kv = self.conversation.session.save_state()
-        write_atomic(folder / "kv.bin", kv)
-        meta = {"version": 1, "fingerprint": self.conversation.session.fingerprint(),
-                "messages": self.conversation.messages, "tokens": tokens,
-                "params": _params_dict(self.params), "kv_sha256": hashlib.sha256(kv).hexdigest()}
-        write_atomic(folder / "session.json", json.dumps(meta).encode())
+        _write_session(name, {"fingerprint": self.conversation.session.fingerprint(),
+                              "messages": self.conversation.messages, "tokens": tokens,
+                              "params": _params_dict(self.params)}, kv)
         _note(f"saved session {name!r} ({len(tokens)} tokens in the cache)")
 
     def load(self, name: str) -> None:
         """Restore a saved conversation; its KV state too when it fits this model and context."""
         import hashlib
-        import json
 
-        folder = _session_folder(name)
-        try:
-            meta = json.loads((folder / "session.json").read_text(encoding="utf-8"))
-            kv = (folder / "kv.bin").read_bytes()
-        except (OSError, ValueError) as e:
-            raise UsageError(f"no saved session {name!r} ({e})") from None
+        meta, kv = _read_session(name)
         session = self.conversation.session
         self.conversation.messages = list(meta["messages"])
         self._set_params({k: _from_json(k, v) for k, v in meta["params"].items() if k in _param_names()})
-        same = (meta.get("fingerprint") == session.fingerprint()
+        same = (kv is not None and meta.get("fingerprint") == session.fingerprint()
                 and hashlib.sha256(kv).hexdigest() == meta.get("kv_sha256"))
-        if same and session.restore_state(list(meta["tokens"]), kv):
+        if same and kv is not None and session.restore_state(list(meta["tokens"]), kv):
             _note(f"loaded session {name!r}")
         else:
             _note(f"loaded session {name!r}; it was saved with another model or context "
-                  "settings, so the next turn reads the whole conversation again")
+                  "settings (or through a server), so the next turn reads the whole conversation again")
 
     def switch(self, model: str, **flag_changes: Any) -> None:
         """Another model (or the same one with other context flags), keeping the conversation.
@@ -529,6 +514,39 @@ def _terminal_messages(model_name: str) -> Iterator[str]:
         elif text.startswith('"""') and text.rstrip().endswith('"""'):
             text = text.strip()[3:-3]
         yield text
+
+
+def _write_session(name: str, meta: dict[str, Any], kv: bytes | None) -> None:
+    """A saved chat: session.json (messages, parameters...) and, when there is one, the KV
+    state beside it (kv.bin), each written atomically."""
+    import hashlib
+    import json
+
+    from infer.runtime.atomic import write_atomic
+
+    folder = _session_folder(name)
+    meta = {"version": 1, **meta, "kv_sha256": hashlib.sha256(kv).hexdigest() if kv is not None else None}
+    if kv is not None:
+        write_atomic(folder / "kv.bin", kv)
+    else:
+        (folder / "kv.bin").unlink(missing_ok=True)  # an older save's state is not this one's
+    write_atomic(folder / "session.json", json.dumps(meta).encode())
+
+
+def _read_session(name: str) -> tuple[dict[str, Any], bytes | None]:
+    """A saved chat's session.json and its KV state (None: saved without one)."""
+    import json
+
+    folder = _session_folder(name)
+    try:
+        meta = json.loads((folder / "session.json").read_text(encoding="utf-8"))
+        kv = (folder / "kv.bin").read_bytes() if (folder / "kv.bin").exists() else None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"no saved session {name!r} ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("messages"), list):
+        raise UsageError(f"saved session {name!r} is not one infer wrote")
+    meta.setdefault("params", {})
+    return meta, kv
 
 
 def _session_folder(name: str) -> Any:

@@ -5,17 +5,30 @@ slots keep the KV cache of what they last ran, so a turn prefills only the new m
 there as it does here. The chat looks and behaves as it does with the model loaded here:
 the same line editor, the same slash commands, the same replies. What belongs where the
 model is loaded is the server's: its context size (`/set ctx` is refused), its template,
-and the KV cache (`/save` and `/load` keep only the messages and parameters).
+and the KV cache (`/save` and `/load` keep only the messages and parameters: a session
+saved here continues with the model loaded locally too, and the other way round).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
 from infer.cli import remote
-from infer.cli.chat import _PARAM_ALIASES, ChatState, _note, _param_names, _param_types, _parse_value, _say
+from infer.cli.chat import (
+    _PARAM_ALIASES,
+    ChatState,
+    _from_json,
+    _note,
+    _param_names,
+    _param_types,
+    _parse_value,
+    _read_session,
+    _say,
+    _write_session,
+)
 from infer.cli.render import reply_writer
 from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, UsageError
 from infer.runtime.messages import Dropped, Messages, check_context_policy
@@ -151,11 +164,25 @@ class RemoteChat(ChatState):
         _note(f"now chatting with {arg}; the next turn reads the conversation again")
 
     def save(self, name: str) -> None:
-        raise UsageError("/save keeps a KV cache, which is the server's: not available through a server yet")
+        """The messages and the parameters set; the KV cache stays in the server."""
+        _write_session(name, {"fingerprint": None, "messages": self.conversation.messages, "tokens": [],
+                              "params": dict(self.overrides)}, None)
+        _note(f"saved session {name!r} (messages and parameters; the KV cache is the server's)")
 
     def load(self, name: str) -> None:
-        raise UsageError("/load restores a KV cache into a model loaded here: not available through a "
-                         "server yet")
+        """A saved conversation and its parameters (those a server takes); a KV state saved
+        with it stays on disk, for a chat with the model loaded here."""
+        meta, _kv = _read_session(name)
+        overrides = {}
+        for key, value in meta["params"].items():
+            if key in _param_names():
+                with contextlib.suppress(UsageError):  # (a setting a server cannot take)
+                    remote.request_fields({key: _from_json(key, value)})
+                    overrides[key] = _from_json(key, value)
+        self.conversation.messages = list(meta["messages"])
+        self.overrides = overrides
+        self.params = remote.request_fields(overrides)
+        _note(f"loaded session {name!r}")
 
     def _set(self, arg: str) -> None:
         names = _param_names()

@@ -70,9 +70,10 @@ def request_fields(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The request's sampling fields from infer's SamplingParams overrides."""
     out: dict[str, Any] = {}
     for name, value in overrides.items():
+        if value is None:  # not set: the server's default
+            continue
         if name in _SAME_NAME:
-            if value is not None:
-                out[name] = value
+            out[name] = value
         elif name == "stop":
             out["stop"] = list(value)
         elif name == "logit_bias":  # OpenAI's form; -100 bans a token as -inf does here

@@ -160,17 +160,38 @@ def test_the_server_reuses_the_conversation_so_far(tiny_qwen, chat_server):
     assert "tokens in the server's context after the last turn" in r.stdout
 
 
-def test_what_belongs_to_the_server_is_refused_through_it(tiny_qwen, chat_server):
+def test_what_belongs_to_the_server_is_refused_through_it(tiny_qwen, chat_server, infer_home):
     script = "/set temp 0.5\n/set ctx 512\n/save talk\n/show\n/set\nHi\n"
     r = chat(tiny_qwen, script, "--server", chat_server.url)
     assert r.returncode == 0, r.stderr
     assert "temperature = 0.5" in r.stderr
     assert "ctx belongs where the model is loaded" in r.stderr
-    assert "/save keeps a KV cache" in r.stderr
+    assert "saved session 'talk' (messages and parameters" in r.stderr
     assert f"loaded in the infer server at {chat_server.url}" in r.stdout
     assert "temperature = 0.5" in r.stdout  # /set alone: what this chat sets
     refused = run_cli("chat", tiny_qwen, "-c", "512", "--server", chat_server.url, input="Hi\n")
     assert_one_line_error(refused, 2, "-c/--ctx-size belongs where the model is loaded")
+
+
+def test_a_session_saved_through_a_server_continues_here_and_back(tiny_qwen, chat_server, infer_home):
+    """/save through a server keeps the messages and parameters (the KV cache is the
+    server's); the same session continues with the model loaded here, and a session
+    saved here (with its KV state) continues through the server."""
+    there = chat(tiny_qwen, "/set top_k 7\nHello\n/save remote-talk\n", "--server", chat_server.url)
+    assert there.returncode == 0, there.stderr
+    here = chat(tiny_qwen, "/set\nGo on\n/save local-talk\n", "--session", "remote-talk")
+    assert "loaded session 'remote-talk'" in here.stderr
+    assert "reads the whole conversation again" in here.stderr
+    assert "top_k = 7" in here.stdout  # the parameter came with the messages
+    back = chat(tiny_qwen, "/set\nAnd then?\n/stats\n", "--server", chat_server.url,
+                "--session", "local-talk")
+    assert back.returncode == 0, back.stderr
+    assert "loaded session 'local-talk'" in back.stderr and "top_k = 7" in back.stdout
+    prompt = int(back.stdout.split("last turn: ")[1].split(" prompt")[0])
+    alone = chat(tiny_qwen, "And then?\n/stats\n", "--server", chat_server.url)
+    assert prompt > int(alone.stdout.split("last turn: ")[1].split(" prompt")[0]) + 10  # the history was sent
+    missing = chat(tiny_qwen, "Hi\n", "--server", chat_server.url, "--session", "nothing-here")
+    assert_one_line_error(missing, 2, "no saved session 'nothing-here'")
 
 
 def test_an_unreachable_server_ends_the_chat_with_exit_4(tiny_qwen, tmp_path):
