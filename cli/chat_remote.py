@@ -80,6 +80,10 @@ class RemoteConversation(Messages):
                 if new:
                     self.messages.pop()
                 raise
+            except BaseException:  # Ctrl-C before the first token: the reply is empty, as here
+                replies.close()
+                self.messages.append({"role": "assistant", "content": ""})
+                raise
             break
         if dropped:
             yield Dropped(dropped)
