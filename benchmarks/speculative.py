@@ -30,7 +30,8 @@ off by default, infer's CPU default; llama.cpp's differs and changes the roundin
 infer runs in a fresh INFER_HOME: its first speculating run measures the cost profile
 (counted in prefill, not decode).
 Decode tokens/s are medians over the rounds; speed-ups are each tool's over its own
-plain decoding, and the last line divides infer's speed-up by llama-lookup's at its
+plain decoding in the same round, medians over the rounds (since 2026-12-05; before,
+ratios of the medians); the last line divides infer's speed-up by llama-lookup's at its
 best fixed length.
 """
 
@@ -219,21 +220,28 @@ def main() -> None:
         for path in files:
             os.unlink(path)
         med = {name: statistics.median(v) for name, v in speeds.items()}
-        base_i, base_l = med["infer none"], med["lookup 0"]
-        best_k = max(ks, key=lambda k: med[f"lookup {k}"])
+
+        def base_of(name: str) -> str:
+            return "infer none" if name.startswith("infer") else "lookup 0"
+
+        # Each side's speed-up over its own plain decoding in the same round (the machine's
+        # speed drifts over a round's minutes less than over the whole run), median of rounds.
+        gain = {name: statistics.median(s / b for s, b in zip(speeds[name], speeds[base_of(name)],
+                                                              strict=True))
+                for name in names}
+        best_k = max(ks, key=lambda k: gain[f"lookup {k}"])
         print(f"\n## {task} ({len(files)} prompts, {args.rounds} rounds, {args.threads} threads, -n {n})")
         print(f"{'side':<12} {'tok/s':>8} {'speed-up':>9} {'tokens':>7} {'drafted':>8} {'accepted':>9}")
         for name in names:
-            base = base_i if name.startswith("infer") else base_l
             runs = last[name]
-            print(f"{name:<12} {med[name]:8.1f} {med[name] / base:9.3f} {sum(x['tokens'] for x in runs):7d} "
+            print(f"{name:<12} {med[name]:8.1f} {gain[name]:9.3f} {sum(x['tokens'] for x in runs):7d} "
                   f"{sum(x['drafted'] for x in runs):8d} {sum(x['accepted'] for x in runs):9d}")
         for i, (plain, spec) in enumerate(zip(last["infer none"], last["infer auto"], strict=True)):
             a, b = plain["text"], spec["text"]
             at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             print(f"prompt {i + 1}: infer auto's text " + ("equals infer none's" if a == b else
                   f"parts from infer none's at character {at} of {len(a)}"))
-        ours, theirs = med["infer auto"] / base_i, med[f"lookup {best_k}"] / base_l
+        ours, theirs = gain["infer auto"], gain[f"lookup {best_k}"]
         print(f"infer auto speed-up {ours:.3f}; llama-lookup at its best ({best_k}) {theirs:.3f}; "
               f"ratio {ours / theirs:.3f}")
         sys.stdout.flush()
