@@ -30,27 +30,17 @@ from infer.runtime.params import ContextParams
 from infer.runtime.prompt import chat_prompt
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Completion, Session
-from infer.runtime.speculative import SpecParams, Speculator
+from infer.runtime.speculative import SpecParams, Speculator, follow
 
 
 def replay(prompt: Sequence[int], reply: Sequence[int], params: SpecParams,
            profile: dict) -> tuple[float, int, int]:
     """(speed-up, guesses, guesses right) of `params` on `reply`."""
     spec = Speculator(params, profile=profile)
-    spec.start(prompt)
-    pos, cost, drafted, accepted = 0, 0.0, 0, 0
-    while pos < len(reply):
-        spec.extend([reply[pos]])
-        room = len(reply) - pos - 1
-        guesses = spec.propose(room) if room > 0 else []
-        right = 0
-        while right < len(guesses) and guesses[right] == reply[pos + 1 + right]:
-            right += 1
-        spec.verified(len(guesses), right, right + 1)
-        spec.extend(guesses[:right])
-        cost += spec.costs.cost(len(guesses) + 1)
-        drafted, accepted = drafted + len(guesses), accepted + right
-        pos += right + 1
+    cost, drafted, accepted = 0.0, 0, 0
+    for guessed, right in follow(spec, prompt, reply):
+        cost += spec.costs.cost(guessed + 1)
+        drafted, accepted = drafted + guessed, accepted + right
     return len(reply) / cost, drafted, accepted
 
 

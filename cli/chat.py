@@ -89,10 +89,7 @@ def _chat(flags: Mapping[str, Any]) -> None:
     with state:
         if flags["session_name"]:
             state.load(flags["session_name"])
-        messages = _terminal_messages(loaded.reference) if sys.stdin.isatty() else _piped_messages()
-        for text in messages:
-            if not state.handle(text):
-                break
+        _converse(state)
 
 
 def _chat_through(flags: Mapping[str, Any], where: Any, overrides: dict[str, Any]) -> None:
@@ -104,10 +101,15 @@ def _chat_through(flags: Mapping[str, Any], where: Any, overrides: dict[str, Any
     with RemoteChat(flags, where, overrides) as state:
         if flags["session_name"]:
             state.load(flags["session_name"])
-        messages = _terminal_messages(state.model_name) if sys.stdin.isatty() else _piped_messages()
-        for text in messages:
-            if not state.handle(text):
-                break
+        _converse(state)
+
+
+def _converse(state: ChatState) -> None:
+    """Read messages (a line editor on a terminal, else the piped lines) until the chat ends."""
+    messages = _terminal_messages(state.model_name) if sys.stdin.isatty() else _piped_messages()
+    for text in messages:
+        if not state.handle(text):
+            break
 
 
 class _Loaded:

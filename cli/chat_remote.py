@@ -12,6 +12,7 @@ saved here continues with the model loaded locally too, and the other way round)
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -60,8 +61,6 @@ class RemoteConversation(Messages):
         yield from self._reply(fields, new=False)
 
     def _reply(self, fields: Mapping[str, Any], *, new: bool) -> Iterator[Any]:
-        from infer.runtime.results import Completion, Piece
-
         dropped = 0
         while True:  # the server refuses a conversation that no longer fits its context
             body = {"model": self.model, "messages": self.messages, "stream": True,
@@ -87,24 +86,10 @@ class RemoteConversation(Messages):
             break
         if dropped:
             yield Dropped(dropped)
-        said: list[str] = []
-        completed = False
         try:
-            event = first
-            while True:
-                if isinstance(event, Piece):
-                    said.append(event.text)
-                elif isinstance(event, Completion):
-                    self.messages.append({"role": "assistant", "content": event.text})
-                    completed = True
-                yield event
-                if completed:
-                    break
-                event = next(replies)
+            yield from self.recorded(itertools.chain((first,), replies))
         finally:
             replies.close()  # (Ctrl-C: the connection closes and the server stops the request)
-            if not completed:  # interrupted: what was said so far is the reply
-                self.messages.append({"role": "assistant", "content": "".join(said)})
 
 
 class RemoteChat(ChatState):

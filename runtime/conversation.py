@@ -75,19 +75,7 @@ class Conversation(Messages):
                dropped: int) -> Iterator[Piece | Completion | Dropped]:
         if dropped:
             yield Dropped(dropped)
-        said: list[str] = []
-        completed = False
-        try:
-            for event in self.session.generate(tokens, params, **self._through_cache(tokens)):
-                if isinstance(event, Piece):
-                    said.append(event.text)
-                elif isinstance(event, Completion):
-                    self.messages.append({"role": "assistant", "content": event.text})
-                    completed = True
-                yield event
-        finally:
-            if not completed:  # interrupted (Ctrl-C): what was said so far is the reply
-                self.messages.append({"role": "assistant", "content": "".join(said)})
+        yield from self.recorded(self.session.generate(tokens, params, **self._through_cache(tokens)))
 
     def _fit(self, params: SamplingParams) -> tuple[list[int], int]:
         """The next prompt's tokens, dropping the oldest exchanges if the policy allows."""

@@ -3,6 +3,7 @@ loaded: a local Conversation and a chat sent to a server (cli/chat_remote.py) sh
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,25 @@ class Messages:
         end = next(i for i in range(first + 1, len(self.messages)) if self.messages[i]["role"] == "user")
         del self.messages[first:end]
         return True
+
+    def recorded(self, events: Iterable[Any]) -> Iterator[Any]:
+        """Pass a reply's events on (Piece ..., Completion) and add the reply to the messages;
+        if it is interrupted (Ctrl-C), what was said so far is the reply."""
+        from infer.runtime.results import Completion, Piece
+
+        said: list[str] = []
+        completed = False
+        try:
+            for event in events:
+                if isinstance(event, Piece):
+                    said.append(event.text)
+                elif isinstance(event, Completion):
+                    self.messages.append({"role": "assistant", "content": event.text})
+                    completed = True
+                yield event
+        finally:
+            if not completed:
+                self.messages.append({"role": "assistant", "content": "".join(said)})
 
     def _last_user_index(self) -> int | None:
         for i in range(len(self.messages) - 1, -1, -1):

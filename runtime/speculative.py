@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -597,6 +597,25 @@ class Speculator:
             self.draft_rate[0] += accepted
             self.draft_rate[1] += sum(self.proposer.confidence[:tested])
         self.proposer.advanced(emitted)
+
+
+def follow(speculator: Speculator, prompt: Sequence[int], reply: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """Drive `speculator` over a reply already written, as Session.generate does with a model
+    that writes it (a guess is right where it equals the reply): each step's (guesses, right).
+    For benchmarks and tests of the policy without a model."""
+    speculator.start(prompt)
+    pos = 0
+    while pos < len(reply):
+        speculator.extend([reply[pos]])
+        room = len(reply) - pos - 1
+        guesses = speculator.propose(room) if room > 0 else []
+        right = 0
+        while right < len(guesses) and guesses[right] == reply[pos + 1 + right]:
+            right += 1
+        speculator.verified(len(guesses), right, right + 1)
+        speculator.extend(guesses[:right])
+        yield len(guesses), right
+        pos += right + 1
 
 
 def measure_batches(measure: Callable[[int], float], max_n: int, budget_s: float) -> dict[int, float]:

@@ -26,6 +26,7 @@ from infer.runtime.speculative import (
     SpecParams,
     Speculator,
     best_length,
+    follow,
 )
 
 SETTINGS = {"n_ctx": 2048, "n_batch": 256, "n_threads": 2}
@@ -87,25 +88,6 @@ def test_acceptance_is_learned_per_key():
     assert acceptance.tested[vague] == 20
 
 
-def drive(speculator: Speculator, prompt: Sequence[int], reply: Sequence[int]) -> tuple[int, int]:
-    """Decode `reply` as the model would write it, each step's guesses checked against it (as
-    Session.generate does): (guesses verified, guesses right)."""
-    speculator.start(prompt)
-    pos = drafted = accepted = 0
-    while pos < len(reply):
-        speculator.extend([reply[pos]])
-        room = len(reply) - pos - 1
-        guesses = speculator.propose(room) if room > 0 else []
-        right = 0
-        while right < len(guesses) and guesses[right] == reply[pos + 1 + right]:
-            right += 1
-        speculator.verified(len(guesses), right, right + 1)
-        speculator.extend(guesses[:right])
-        drafted, accepted = drafted + len(guesses), accepted + right
-        pos += right + 1
-    return drafted, accepted
-
-
 def test_guesses_the_costs_rule_out_are_still_measured():
     """Where verifying is dear (a batch of n tokens costs 1 + 0.9 (n - 1) steps), only nearly
     sure guesses pay, and no kind of guess is that sure before it was tested. A reply that
@@ -116,7 +98,8 @@ def test_guesses_the_costs_rule_out_are_still_measured():
     for i in range(60):
         reply += [10, 11, 12, 13, 14, items[(i * 3) % 7], 15, 16, 17, 18, 19, 20]
     dear = {"batch": {str(n): 0.01 * (1 + 0.9 * (n - 1)) for n in range(1, 18)}, "draft_step": None}
-    drafted, accepted = drive(Speculator(SpecParams(), profile=dear), list(range(100, 160)), reply)
+    steps = list(follow(Speculator(SpecParams(), profile=dear), list(range(100, 160)), reply))
+    drafted, accepted = sum(g for g, _ in steps), sum(r for _, r in steps)
     assert accepted > len(reply) / 2, (drafted, accepted)
     assert accepted >= 0.9 * drafted  # and it learned where the line varies: not the item
 
