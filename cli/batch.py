@@ -21,6 +21,15 @@ import typer
 from infer.cli import options as o
 from infer.cli.batch_input import Item, check_template, done_ids, read_items
 from infer.cli.errors import shielded
+from infer.cli.flags import (
+    context_params,
+    log_to_stderr,
+    model_context_params,
+    model_sampling_defaults,
+    resolve,
+    sampling_overrides,
+    spec_params,
+)
 from infer.cli.placement import Placed, explain, model_layout, place, report
 from infer.cli.stdin import decode_stdin
 from infer.runtime.errors import InferError, UsageError
@@ -75,7 +84,7 @@ def execute(flags: Mapping[str, Any]) -> int:
     from infer.cli import remote
 
     if flags["verbose"]:
-        o.log_to_stderr()
+        log_to_stderr()
     if flags["parallel"] is not None and not 1 <= flags["parallel"] <= 256:
         raise UsageError("--parallel must be between 1 and 256")
     if flags["resume"] and flags["output"] is None:
@@ -83,7 +92,7 @@ def execute(flags: Mapping[str, Any]) -> int:
     check_template(flags["template"])
     if flags["template"] is not None and not flags["plain_lines"]:
         raise UsageError("--template wraps plain lines: use it with --lines")
-    overrides = o.sampling_overrides(flags)
+    overrides = sampling_overrides(flags)
     where = remote.address(flags)
     if where is not None:  # the server decodes; --parallel is how many requests are in flight
         remote.refuse_local_flags(flags, o.defaults(batch))
@@ -91,17 +100,17 @@ def execute(flags: Mapping[str, Any]) -> int:
     from infer.runtime.sampling import SamplingParams
 
     SamplingParams.resolve({}, overrides)
-    o.context_params(flags)
-    speculation = o.spec_params(flags)
+    context_params(flags)
+    speculation = spec_params(flags)
     if speculation.type == "draft":
         raise UsageError("infer batch speculates with prompt lookup only: -md/--model-draft is for "
                          "infer run and infer chat")
     if flags["explain"]:
-        resolved = o.resolve(flags)
+        resolved = resolve(flags)
         explain(place_slots(flags, resolved, extra=1)[0], resolved.reference)
         return 0
     items = _items(flags)
-    resolved = o.resolve(flags)
+    resolved = resolve(flags)
     return _write_results(flags, items, lambda todo, out: _run(flags, resolved, todo, overrides, speculation,
                                                                out))
 
@@ -132,7 +141,7 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
     import threading
 
     from infer.cli import remote
-    from infer.cli.run import result_json
+    from infer.cli.one_shot import result_json
 
     def run(todo: list[Item], out: IO[str]) -> int:
         writer = _Writer(out, todo, ordered=flags["ordered"], model=flags["model"], to_json=result_json)
@@ -184,7 +193,7 @@ def place_slots(flags: Mapping[str, Any], resolved: Any, *, extra: int = 0) -> t
 
     A KV stream per sequence: the slots and `extra` sequences of their own (infer batch's
     shared prefix); without -c, SLOT_CONTEXT cells each (at most the training context)."""
-    cparams = o.model_context_params(flags, resolved.entry)
+    cparams = model_context_params(flags, resolved.entry)
     layout = model_layout(resolved.path)
     parallel = flags["parallel"] or default_parallel(layout.n_params, cparams.n_ctx)
     streams = parallel + extra
@@ -194,7 +203,7 @@ def place_slots(flags: Mapping[str, Any], resolved: Any, *, extra: int = 0) -> t
 
 def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: dict[str, Any],
          speculation: Any, out: IO[str]) -> int:
-    from infer.cli.run import result_json
+    from infer.cli.one_shot import result_json
     from infer.cli.speculation import describe
     from infer.runtime.llama import Context, Model
     from infer.runtime.scheduler import Scheduler
@@ -206,7 +215,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
                tensor_split=cparams.tensor_split, use_mmap=cparams.use_mmap) as model:
         if flags["verbose"]:
             report(placed, model)
-        defaults = o.model_sampling_defaults(model, resolved.entry)
+        defaults = model_sampling_defaults(model, resolved.entry)
         requests, errors = _requests(model, items, defaults, overrides)
         prefix: list[int] = []
         if len(requests) > 1:

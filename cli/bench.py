@@ -11,6 +11,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.flags import context_params, log_to_stderr, resolve
 from infer.cli.placement import explain, place, report
 from infer.runtime.errors import UsageError
 
@@ -55,14 +56,14 @@ def execute(flags: Mapping[str, Any]) -> None:
     if any(n < 1 for n in sizes):
         raise UsageError("prompt sizes and generated token counts must be at least 1")
     needed = max(sizes) + 1
-    params = o.context_params({**flags, "ctx_size": flags["ctx_size"] or max(needed, 512)})
-    resolved = o.resolve(flags)
+    params = context_params({**flags, "ctx_size": flags["ctx_size"] or max(needed, 512)})
+    resolved = resolve(flags)
     placed = place(resolved.path, params)
     if flags["explain"]:
         explain(placed, resolved.reference)
         return
     if flags["verbose"]:
-        o.log_to_stderr()
+        log_to_stderr()
     results = []
     with Session.open(resolved.path, placed.params, devices=placed.handles) as session:
         if flags["verbose"]:

@@ -19,6 +19,15 @@ import typer
 from infer.cli import options as o
 from infer.cli import remote
 from infer.cli.errors import shielded
+from infer.cli.flags import (
+    context_params,
+    log_to_stderr,
+    model_context_params,
+    model_sampling_defaults,
+    resolve,
+    sampling_overrides,
+    spec_params,
+)
 from infer.cli.placement import explain, place, report
 from infer.cli.render import reply_writer
 from infer.runtime.errors import InferError, UsageError
@@ -64,18 +73,18 @@ def _chat(flags: Mapping[str, Any]) -> None:
     from infer.runtime.sampling import SamplingParams
 
     if flags["verbose"]:
-        o.log_to_stderr()
-    overrides = o.sampling_overrides(flags)
+        log_to_stderr()
+    overrides = sampling_overrides(flags)
     where = remote.address(flags)
     if where is not None:  # the model is loaded there
         _chat_through(flags, where, overrides)
         return
     SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
-    o.context_params(flags)
-    o.spec_params(flags)
+    context_params(flags)
+    spec_params(flags)
     if flags["explain"]:
-        resolved = o.resolve(flags)
-        explain(place(resolved.path, o.model_context_params(flags, resolved.entry)), resolved.reference)
+        resolved = resolve(flags)
+        explain(place(resolved.path, model_context_params(flags, resolved.entry)), resolved.reference)
         return
     loaded = _Loaded.open(flags, flags["model"])
     system = flags["system"]
@@ -119,18 +128,18 @@ class _Loaded:
         self.session = session
         self.reference = reference
         self.entry = entry
-        self.defaults = o.model_sampling_defaults(session.model, entry)
+        self.defaults = model_sampling_defaults(session.model, entry)
 
     @classmethod
     def open(cls, flags: Mapping[str, Any], model: str) -> _Loaded:
-        return cls.load(flags, o.resolve({**flags, "model": model}))
+        return cls.load(flags, resolve({**flags, "model": model}))
 
     @classmethod
     def load(cls, flags: Mapping[str, Any], resolved: Any) -> _Loaded:
         """Open a resolved model with the context the flags ask for."""
         from infer.runtime.session import Session
 
-        placed = place(resolved.path, o.model_context_params(flags, resolved.entry))
+        placed = place(resolved.path, model_context_params(flags, resolved.entry))
         from infer.cli.speculation import attach
 
         session = Session.open(resolved.path, placed.params, devices=placed.handles)
@@ -283,8 +292,8 @@ class ChatState:
         memory at once; if the new one fails to load, the old one is opened again.
         """
         flags = {**self.flags, **flag_changes}
-        o.context_params(flags)  # bad values and unknown models fail before anything is closed
-        resolved = o.resolve({**flags, "model": model})
+        context_params(flags)  # bad values and unknown models fail before anything is closed
+        resolved = resolve({**flags, "model": model})
         old = self.loaded
         old.session.close()
         try:

@@ -1,96 +1,17 @@
-"""The `infer` command: a Typer app whose commands are thin adapters over the library."""
+"""The `infer` command's entry points: `console` (the installed script) and `main`.
+
+A plain `infer run` is parsed without Typer (cli/plain_args.py says why); everything
+else, and whatever that parser does not take, goes to the Typer app (cli/app.py).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import re
 import sys
-from typing import Annotated, NoReturn
+from typing import NoReturn
 
-import typer
-
-from infer.cli import __version__
-from infer.cli.errors import guarded
-
-# Each command: its module, the function (or Typer sub-app) in it, and whether it shows
-# its help when given no arguments. In this order in `infer --help`. A run imports and
-# builds only the command it names: building every command's options through Typer's
-# introspection, and importing every command's module, cost each `infer run` about 40 ms
-# (0.434 -> 0.396 s for `infer run MODEL Hello -n 1`, medians of 15 alternated runs).
-COMMANDS: dict[str, tuple[str, str, bool]] = {
-    "run": ("infer.cli.run", "run", True),
-    "chat": ("infer.cli.chat", "chat", True),
-    "pull": ("infer.cli.models", "pull", True),
-    "list": ("infer.cli.models", "list_models", False),
-    "show": ("infer.cli.models", "show", True),
-    "rm": ("infer.cli.models", "rm", True),
-    "quantize": ("infer.cli.quantize", "quantize", True),
-    "bench": ("infer.cli.bench", "bench", True),
-    "batch": ("infer.cli.batch", "batch", True),
-    "serve": ("infer.cli.serve", "serve", False),
-    "doctor": ("infer.cli.doctor", "doctor", False),
-    "worker": ("infer.cli.worker", "worker", False),
-    "cache": ("infer.cli.prompt_cache", "cache_app", False),
-}
-
-
-def version_text() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from infer.runtime.ggml import backends
-    from infer.runtime.llama import llama_cpp_version
-
-    try:
-        bindings = version("llama_cpp_python")
-    except PackageNotFoundError:
-        bindings = "unknown"
-    backend = ", ".join(backends())
-    return (f"infer {__version__}\n"
-            f"llama.cpp {llama_cpp_version()} (llama-cpp-python {bindings}, {backend})")
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(version_text())
-        raise typer.Exit()
-
-
-def root(
-    version: Annotated[bool | None, typer.Option(
-        "--version", callback=_print_version, is_eager=True,
-        help="Show infer's version and the llama.cpp build it runs on.")] = None,
-) -> None:
-    """Run local language models on llama.cpp."""
-
-
-def build_app(only: str | None = None) -> typer.Typer:
-    """The `infer` app with every command, or with just the command `only`."""
-    app = typer.Typer(
-        name="infer",
-        help="Run local language models on llama.cpp.",
-        no_args_is_help=True,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-        context_settings={"help_option_names": ["-h", "--help"]},
-    )
-    app.callback()(root)
-    for name, (module, attr, no_args_is_help) in COMMANDS.items():
-        if only is not None and name != only:
-            continue
-        target = getattr(importlib.import_module(module), attr)
-        if isinstance(target, typer.Typer):
-            app.add_typer(target, name=name)
-        else:
-            app.command(name, no_args_is_help=no_args_is_help)(target)
-    return app
-
-
-def _named_command(argv: list[str]) -> str | None:
-    """The command the arguments name, when they start with one; else None (help,
-    --version, a mistyped name: the whole app answers those)."""
-    return argv[0] if argv and argv[0] in COMMANDS else None
+from infer.cli.errors import guarded, shielded
 
 
 def main() -> None:
@@ -126,21 +47,13 @@ def console() -> NoReturn:
 
 
 def _invoke() -> int:
-    from infer.runtime.errors import UsageError
+    argv = sys.argv[1:]
+    from infer.cli.plain_args import plain_command
 
-    try:
-        app = build_app(_named_command(sys.argv[1:]))
-        result = app(standalone_mode=False, prog_name="infer")
-    except typer.Abort:
-        raise KeyboardInterrupt from None
-    except Exception as e:
-        # Click's parse errors (Typer vendors click in recent versions, so match the
-        # protocol, not a class): a message and an exit code, 2 for usage errors.
-        if not (hasattr(e, "format_message") and getattr(e, "exit_code", None) == 2):
-            raise
-        ctx = getattr(e, "ctx", None)
-        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        # Typer and click each add their own "Did you mean ...?" to an unknown command.
-        message = re.sub(r"( Did you mean [^?]*\?)\1+", r"\1", e.format_message())
-        raise UsageError(f"{message}{hint}") from None
-    return result if isinstance(result, int) else 0
+    plain = plain_command(argv)
+    if plain is not None:
+        execute, flags = plain
+        return shielded(execute, flags) or 0
+    from infer.cli.app import invoke
+
+    return invoke(argv)

@@ -12,6 +12,7 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.flags import resolve
 from infer.cli.render import print_table
 from infer.runtime.errors import ModelNotFoundError, UsageError
 
@@ -27,7 +28,7 @@ def pull(ctx: typer.Context, model: ModelArg, offline: o.Offline = False) -> Non
 
 
 def _pull(flags: Mapping[str, Any]) -> None:
-    resolved = o.resolve(flags)
+    resolved = resolve(flags)
     what = f"{resolved.repo}:{resolved.quant}" if resolved.repo else resolved.reference
     sys.stderr.write(f"infer: {what} is ready\n")
     sys.stdout.write(f"{resolved.path}\n")
@@ -75,7 +76,7 @@ def show(ctx: typer.Context, model: ModelArg, json_output: JsonFlag = False,
 def _show(flags: Mapping[str, Any]) -> None:
     from infer.quant.describe import describe
 
-    resolved = o.resolve(flags)
+    resolved = resolve(flags)
     info = describe(resolved.path)
     if flags["template"]:
         sys.stdout.write((info.get("chat_template") or "") + "\n")

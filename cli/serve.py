@@ -20,6 +20,15 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
+from infer.cli.flags import (
+    context_params,
+    log_to_stderr,
+    model_sampling_defaults,
+    read_text_file,
+    resolve,
+    sampling_overrides,
+    spec_params,
+)
 from infer.runtime.errors import ResourceError, UsageError
 
 SERVER = "Server"
@@ -75,7 +84,7 @@ def execute(flags: Mapping[str, Any]) -> None:
     from infer.runtime.sampling import SamplingParams
 
     if flags["verbose"]:
-        o.log_to_stderr()
+        log_to_stderr()
     if flags["parallel"] is not None and not 1 <= flags["parallel"] <= 256:
         raise UsageError("--parallel must be between 1 and 256")
     if flags["max_models"] < 1:
@@ -85,19 +94,19 @@ def execute(flags: Mapping[str, Any]) -> None:
     if not 0 <= flags["port"] <= 65535:
         raise UsageError(f"--port {flags['port']}: not a port number")
     keep_alive = parse_duration(flags["keep_alive"])
-    overrides = o.sampling_overrides(flags)
+    overrides = sampling_overrides(flags)
     SamplingParams.resolve({}, overrides)  # bad values fail before anything loads
-    o.context_params(flags)
-    speculation = o.spec_params(flags)
+    context_params(flags)
+    speculation = spec_params(flags)
     if speculation.type == "draft":
         raise UsageError("infer serve speculates with prompt lookup only (-md/--model-draft is for infer run "
                          "and infer chat)")
     api_key = _api_key(flags)
     template = None
     if flags["chat_template_file"] is not None:
-        template = o.read_text_file(flags["chat_template_file"], "chat template file")
+        template = read_text_file(flags["chat_template_file"], "chat template file")
     if flags["model"] is not None:  # a bad default model fails now, with its exit code
-        o.resolve({**flags, "offline": True})
+        resolve({**flags, "offline": True})
     if flags["explain"]:
         raise UsageError("--explain is for infer run, chat and batch")
     from infer.cli.prompt_cache import open_cache
@@ -140,7 +149,7 @@ def _api_key(flags: Mapping[str, Any]) -> str | None:
         raise UsageError("give --api-key or --api-key-file, not both")
     key = flags["api_key"]
     if flags["api_key_file"] is not None:
-        key = o.read_text_file(flags["api_key_file"], "API key file").strip()
+        key = read_text_file(flags["api_key_file"], "API key file").strip()
     if key is not None and (not key or any(c.isspace() for c in key)):
         raise UsageError("the API key must be non-empty and contain no spaces")
     return key
@@ -228,4 +237,4 @@ def _open_model(flags: Mapping[str, Any], name: str) -> Any:
     params = placed.params
     model = Model(resolved.path, n_gpu_layers=params.n_gpu_layers, devices=placed.handles,
                   tensor_split=params.tensor_split, use_mmap=params.use_mmap)
-    return Opened(model, params, parallel, o.model_sampling_defaults(model, resolved.entry))
+    return Opened(model, params, parallel, model_sampling_defaults(model, resolved.entry))

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from infer.cli import options as o
+from infer.cli.flags import resolve, spec_params
 
 PROFILES_KEPT = 64  # model and settings combinations; the oldest are dropped
 PROFILE_METHOD = 2  # how profiles are measured (runtime.speculative.measure_batches): older ones are not used
@@ -29,12 +29,12 @@ def attach(flags: Mapping[str, Any], session: Any, placed: Any) -> Any:
     from infer.runtime.session import Session
     from infer.runtime.speculative import DraftModel, Speculator, check_compatible
 
-    params = o.spec_params(flags)
+    params = spec_params(flags)
     if not params.enabled:
         return None
     draft = None
     if params.type == "draft":
-        resolved = o.resolve({**flags, "model": flags["model_draft"]})
+        resolved = resolve({**flags, "model": flags["model_draft"]})
         draft_session = Session.open(resolved.path, replace(placed.params, n_ctx=session.n_ctx),
                                      devices=placed.handles)
         try:

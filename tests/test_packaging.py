@@ -20,7 +20,7 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path):
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top_level == {"infer"}  # no generic top-level names such as `cli` or `runtime`
     assert {"infer/cli/main.py", "infer/runtime/session.py", "infer/quant/gguf_check.py",
-            "infer/models.toml"} <= set(names)
+            "infer/models.toml", "infer/cli/plain_args.json"} <= set(names)
 
     # A fresh environment with infer's wheel alone, next to the installed dependencies.
     venv = tmp_path / "venv"
@@ -46,6 +46,11 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path):
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith("infer 0.")
     assert "llama.cpp" in version.stdout
+    # A plain `infer run` reads the shipped plain_args.json (cli/plain_args.py): a missing
+    # model is exit 3, as through Typer.
+    missing = subprocess.run([infer, "run", str(outside / "missing.gguf"), "hi"], cwd=outside,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 3 and "missing.gguf" in missing.stderr, missing.stderr
     where = subprocess.run([py, "-c", "import infer.cli; print(infer.cli.__file__)"], cwd=outside,
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(venv))

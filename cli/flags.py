@@ -1,0 +1,186 @@
+"""A command's parsed flags (parameter name -> value) read into the library's parameters.
+
+Typer declares the flags (cli/options.py) and parses them; so does cli/plain_args.py
+for a plain `infer run`, without importing Typer. Either way the values arrive here
+as one mapping, and each reader picks the flags it needs by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from infer.runtime.errors import UsageError
+from infer.runtime.params import ContextParams
+
+# Click parameter name -> SamplingParams field, for flags whose value is used as is.
+_SAMPLING_FLAGS = {
+    "temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+    "typical_p": "typical_p", "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "mirostat": "mirostat",
+    "mirostat_lr": "mirostat_eta", "mirostat_ent": "mirostat_tau",
+    "dry_multiplier": "dry_multiplier", "dry_base": "dry_base",
+    "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
+    "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold",
+    "ignore_eos": "ignore_eos",
+}
+
+
+def resolve(flags: Mapping[str, Any]) -> Any:
+    """The model the MODEL argument names, downloaded with progress on stderr if needed."""
+    from infer.cli.progress import DownloadProgress
+    from infer.quant.registry import resolve_model
+
+    def notice(text: str) -> None:
+        sys.stderr.write(f"infer: {text}\n")
+        sys.stderr.flush()
+
+    with DownloadProgress() as progress:
+        return resolve_model(flags["model"], offline=flags.get("offline", False), progress=progress,
+                             notice=notice)
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{what} {path}: cannot be read ({e})") from None
+
+
+def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The SamplingParams fields the user set explicitly, from a command's parsed flags."""
+    out: dict[str, Any] = {}
+    for flag, name in _SAMPLING_FLAGS.items():
+        value = flags.get(flag)
+        if value is not None and value is not False:
+            out[name] = value
+    max_tokens = flags.get("max_tokens")
+    if max_tokens is not None:
+        out["max_tokens"] = None if max_tokens == -1 else max_tokens
+    seed = flags.get("seed")
+    if seed is not None and seed != -1:
+        out["seed"] = seed
+    if flags.get("stop"):
+        out["stop"] = tuple(flags["stop"])
+    breakers = flags.get("dry_sequence_breaker")
+    if breakers:
+        out["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(breakers)
+    if flags.get("logit_bias"):
+        from infer.runtime.sampling import parse_logit_bias
+
+        out["logit_bias"] = tuple(parse_logit_bias(s) for s in flags["logit_bias"])
+    grammar, grammar_file = flags.get("grammar"), flags.get("grammar_file")
+    if grammar is not None and grammar_file is not None:
+        raise UsageError("give --grammar or --grammar-file, not both")
+    if grammar_file is not None:
+        grammar = read_text_file(grammar_file, "grammar file")
+    if grammar is not None:
+        out["grammar"] = grammar
+    schema = flags.get("json_schema")
+    if schema is not None:
+        if schema.startswith("@"):
+            schema = read_text_file(Path(schema[1:]), "JSON schema file")
+        out["json_schema"] = schema
+    return out
+
+
+def spec_params(flags: Mapping[str, Any]) -> Any:
+    """SpecParams from the --spec-* flags (validated); -md/--model-draft implies --spec-type draft."""
+    from infer.runtime.speculative import SpecParams
+
+    kind = (flags.get("spec_type") or "").lower() or None
+    if flags.get("model_draft"):
+        if kind in ("none", "ngram"):
+            raise UsageError(f"-md/--model-draft drafts with a model; it cannot go with --spec-type {kind}")
+        kind = "draft"
+    elif kind == "draft":
+        raise UsageError("--spec-type draft needs a draft model: -md/--model-draft MODEL")
+    given = {"type": kind, "n_max": flags.get("spec_draft_n_max"), "n_min": flags.get("spec_draft_n_min"),
+             "p_min": flags.get("draft_p_min"), "ngram_size": flags.get("spec_ngram_size")}
+    return SpecParams(**{k: v for k, v in given.items() if v is not None})
+
+
+def model_context_params(flags: Mapping[str, Any], entry: Any) -> ContextParams:
+    """context_params, with a catalog alias's context size unless --ctx-size was given."""
+    cparams = context_params(flags)
+    if entry and entry.ctx_size and flags.get("ctx_size") is None:
+        cparams = replace(cparams, n_ctx=entry.ctx_size)
+    return cparams
+
+
+def model_sampling_defaults(model: Any, entry: Any) -> dict[str, Any]:
+    """The model's recommended sampling (GGUF metadata), then its catalog alias's."""
+    from infer.runtime.sampling import model_sampling_defaults as from_metadata
+
+    defaults = from_metadata(model.meta)
+    if entry:
+        defaults.update(entry.sampling)
+    return defaults
+
+
+def parse_gpu_layers(value: str | int | None) -> int | None:
+    """-ngl: None for auto, -1 for all, else a count."""
+    if value is None or str(value).strip().lower() == "auto":
+        return None
+    text = str(value).strip().lower()
+    if text in ("all", "max"):
+        return -1
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"-ngl {value!r}: expected a number of layers, auto or all") from None
+
+
+def parse_tensor_split(text: str | None) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(float(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise UsageError(f"--tensor-split {text!r}: expected weights like 3,1") from None
+
+
+def parse_rpc(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    from infer.runtime.ggml import parse_endpoint
+
+    endpoints = tuple(e.strip() for e in text.split(",") if e.strip())
+    for e in endpoints:
+        parse_endpoint(e)
+    if not endpoints:
+        raise UsageError("--rpc needs HOST:PORT[,HOST:PORT...]")
+    return endpoints
+
+
+def context_params(flags: Mapping[str, Any]) -> ContextParams:
+    """ContextParams from a command's parsed flags (validated; UsageError if out of range)."""
+    return ContextParams(
+        n_ctx=flags.get("ctx_size") or None,  # 0 means the default, as in llama.cpp
+        n_batch=flags.get("batch_size") or 2048,
+        n_ubatch=flags.get("ubatch_size") or 512,
+        n_threads=flags.get("threads"),
+        n_gpu_layers=parse_gpu_layers(flags.get("gpu_layers")),
+        tensor_split=parse_tensor_split(flags.get("tensor_split")),
+        rpc=parse_rpc(flags.get("rpc")),
+        flash_attn=(flags.get("flash_attn") or "auto").lower(),
+        cache_type_k=(flags.get("cache_type_k") or "f16").lower(),
+        cache_type_v=(flags.get("cache_type_v") or "f16").lower(),
+        use_mmap=not flags.get("no_mmap", False),
+    )
+
+
+def log_to_stderr() -> None:
+    """-v/--verbose: llama.cpp's log (through `logging`) on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("infer")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

@@ -1,0 +1,284 @@
+"""What `infer run` does with its parsed flags: one prompt, one answer, streamed to
+stdout, by the model loaded here or by a running `infer serve`.
+
+Free of Typer: cli/run.py declares the command for Typer, and cli/plain_args.py
+calls `execute` directly when the arguments are plain (see there why).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from infer.cli.flags import (
+    context_params,
+    log_to_stderr,
+    model_context_params,
+    model_sampling_defaults,
+    read_text_file,
+    resolve,
+    sampling_overrides,
+    spec_params,
+)
+from infer.cli.stdin import combine_prompt
+from infer.runtime.errors import UsageError
+
+if TYPE_CHECKING:
+    from infer.cli import remote
+
+
+def execute(flags: Mapping[str, Any]) -> None:
+    from infer.cli import conversations, remote
+
+    if flags["verbose"]:
+        log_to_stderr()
+    if flags["raw"] and flags["system"] is not None:
+        raise UsageError("--raw sends the prompt as is; it cannot take a -s/--system prompt")
+    continuing = flags["continue_last"] or flags["conversation_id"] is not None
+    if flags["raw"] and continuing:
+        raise UsageError("--raw has no conversation to continue")
+    overrides = sampling_overrides(flags)
+    where = remote.address(flags)
+    if where is None:  # (a server checks the values itself)
+        from infer.runtime.sampling import SamplingParams
+
+        SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
+        context_params(flags)  # bad values fail before the model loads
+        spec_params(flags)
+    template = None
+    if flags["chat_template_file"] is not None:
+        template = read_text_file(flags["chat_template_file"], "chat template file")
+    model, prompt_arg = flags["model"], flags["prompt"]
+    record = conversations.load(flags["conversation_id"]) if continuing else None
+    if record is not None and prompt_arg is None:
+        model, prompt_arg = record.model, model  # `infer run -C "next question"`
+    if model is None:
+        raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT])")
+    if where is not None:  # the model is loaded there: send the request, print the same
+        from infer.cli.plain_args import defaults
+
+        remote.refuse_local_flags(flags, defaults("run"))
+        _execute_remote(flags, where, model, prompt_arg, record, overrides)
+        return
+    from infer.cli.placement import explain, place, report
+    from infer.runtime.session import Session
+
+    resolved = resolve({**flags, "model": model})
+    entry = resolved.entry  # an alias's defaults apply unless a flag says otherwise
+    placed = place(resolved.path, model_context_params(flags, entry))
+    if flags["explain"]:
+        explain(placed, resolved.reference)
+        return
+    text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
+    system = flags["system"]
+    if entry and entry.system and system is None and not flags["raw"] and record is None:
+        system = entry.system
+    loaded = Session.open_in_background(resolved.path, placed.params, devices=placed.handles)
+    # While llama.cpp loads the model: import the template machinery (Jinja).
+    from infer.cli.prompt_cache import open_cache
+    from infer.quant.paths import infer_home
+    from infer.runtime.prompt import chat_prompt, preamble_len, raw_prompt
+    from infer.runtime.template import use_compiled_cache
+
+    use_compiled_cache(infer_home() / "cache" / "templates")
+    cache = None if flags["no_cache"] else open_cache()
+
+    from infer.cli.speculation import attach
+
+    with loaded() as session:
+        attach(flags, session, placed)
+        if flags["verbose"]:
+            report(placed, session.model)
+        preamble = 0
+        if flags["raw"]:
+            if not text:
+                raise UsageError("the prompt is empty")
+            prompt = raw_prompt(session.model, text)
+        else:
+            record = _ask(record, resolved.reference, system, text)
+            prompt = chat_prompt(session.model, record.messages, template=template)
+            if cache is not None:  # where the prompt cache saves a state: two more renderings
+                preamble = preamble_len(session.model, record.messages, prompt.tokens, template=template)
+        if flags["show_prompt"]:
+            _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
+            return
+        params = SamplingParams.resolve(model_sampling_defaults(session.model, entry), overrides)
+        completion = _generate_cached(session, prompt.tokens, params, cache, name=resolved.reference,
+                                      preamble=preamble, continuing=continuing,
+                                      stream=not flags["json_output"])
+    if resolved.repo is not None or resolved.package is not None:
+        from infer.quant.store import record_use
+
+        record_use(resolved.path)
+    _report(flags, resolved.reference, completion, record)
+
+
+def _ask(record: Any, model: str, system: str | None, text: str) -> Any:
+    """The conversation with the user's message added (a new one if `record` is None)."""
+    from infer.cli import conversations
+
+    record = record or conversations.Record.new(model)
+    record.model = model
+    if system is not None:
+        record.messages = [m for m in record.messages if m["role"] != "system"]
+        record.messages.insert(0, {"role": "system", "content": system})
+    record.messages.append({"role": "user", "content": text})
+    return record
+
+
+def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any) -> None:
+    """After the reply: the conversation saved, --json's object, -v's statistics."""
+    from infer.cli import conversations
+
+    if record is not None:
+        record.messages.append({"role": "assistant", "content": completion.text})
+        conversations.save(record)
+    if flags["json_output"]:
+        result = result_json(model, completion)
+        if record is not None:
+            result["conversation"] = record.id
+        _write(json.dumps(result, ensure_ascii=False) + "\n")
+    if flags["verbose"]:
+        _print_stats(completion, record.id if record else None)
+
+
+def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str, prompt_arg: str | None,
+                    record: Any, overrides: Mapping[str, Any]) -> None:
+    """`infer run` through the server at `where`: the same prompt, output and exit codes."""
+    from infer.cli import remote
+
+    fields = remote.request_fields(overrides)
+    text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
+    if flags["raw"]:
+        if not text:
+            raise UsageError("the prompt is empty")
+        path, body = "/v1/completions", {"prompt": text}
+    else:
+        system = flags["system"]
+        if system is None and record is None:
+            system = remote.alias_system(model)
+        record = _ask(record, model, system, text)
+        path, body = "/v1/chat/completions", {"messages": record.messages}
+    body.update(model=model, stream=True, stream_options={"include_usage": True}, **fields)
+    completion = _remote_generate(where, path, body, stream=not flags["json_output"])
+    _report(flags, model, completion, record)
+
+
+def _remote_generate(where: remote.Address, path: str, body: Mapping[str, Any], *, stream: bool) -> Any:
+    """Stream the server's reply to stdout (unless `stream` is off); a Completion of it."""
+    from infer.cli import remote
+
+    said = [""]
+
+    def show(text: str) -> None:
+        _write(text)
+        said[0] = text
+
+    try:
+        completion = remote.generate(where, path, body, on_text=show if stream else None)
+    except KeyboardInterrupt:  # (the connection is closed: the server stops the request)
+        if said[0] and not said[0].endswith("\n"):
+            _write("\n")
+        raise
+    if stream and completion.text and not completion.text.endswith("\n"):
+        _write("\n")
+    return completion
+
+
+def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
+                     continuing: bool, stream: bool) -> Any:
+    """Generate through the prompt cache (None: without it).
+
+    The cached state sharing the longest prefix is loaded first; states are saved
+    at the end of the preamble (if long enough) and at the end of the run.
+    """
+    import time
+
+    requested = time.perf_counter()  # time to first token counts the loading of a cached state
+    if cache is None:
+        return _generate(session, tokens, params, stream=stream, started=requested)
+    session.check_fits(len(tokens), params.max_tokens)
+    # A continued conversation's own state is worth loading however short it is.
+    cache.restore(session, tokens, min_tokens=1 if continuing else None)
+    completion = _generate(session, tokens, params, stream=stream, started=requested,
+                           checkpoints=(preamble,) if preamble >= cache.min_tokens else (),
+                           on_checkpoint=lambda n: cache.store(session, name, wait=False))
+    # The end of the conversation: for --continue, and for the same prompt again.
+    cache.store(session, name, min_tokens=1, wait=False)
+    cache.flush()
+    return completion
+
+
+def _generate(session: Any, tokens: list[int], params: Any, *, stream: bool, **options: Any) -> Any:
+    """Stream the reply to stdout (unless `stream` is off); the Completion. `options` go to generate."""
+    from infer.runtime.session import Completion, Piece
+
+    ends_with_newline = True
+    try:
+        for event in session.generate(tokens, params, **options):
+            if isinstance(event, Piece):
+                if stream:
+                    _write(event.text)
+                    ends_with_newline = event.text.endswith("\n")
+            elif isinstance(event, Completion):
+                completion = event
+    except KeyboardInterrupt:
+        if stream and not ends_with_newline:
+            _write("\n")
+        raise
+    if stream and not ends_with_newline:
+        _write("\n")
+    return completion
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def result_json(model: str, c: Any) -> dict[str, Any]:
+    """The --json result: text, why it ended, token counts and timings."""
+    from infer.cli.speculation import usage_json
+
+    t = c.timings
+    return {
+        "model": model,
+        "text": c.text,
+        "finish_reason": c.finish_reason,
+        "seed": c.seed,
+        "usage": {
+            "prompt_tokens": c.usage.prompt_tokens,
+            "cached_tokens": c.usage.cached_tokens,
+            "completion_tokens": c.usage.completion_tokens,
+            **usage_json(c.usage),
+        },
+        "timings": {
+            "load_ms": round(t.load_ms, 3),
+            "prefill_ms": round(t.prefill_ms, 3),
+            "decode_ms": round(t.decode_ms, 3),
+            "ttft_ms": round(t.ttft_ms, 3),
+            "prefill_tokens_per_second": round(t.prefill_tps, 3),
+            "decode_tokens_per_second": round(t.decode_tps(c.usage.completion_tokens), 3),
+        },
+    }
+
+
+def _print_stats(c: Any, conversation: str | None) -> None:
+    from infer.cli.speculation import describe
+
+    t, u = c.timings, c.usage
+    lines = [
+        *([f"conversation: {conversation} (continue with -C, or --conversation {conversation})"]
+          if conversation else []),
+        f"finish: {c.finish_reason}    seed: {c.seed}",
+        f"prompt: {u.prompt_tokens} tokens ({u.cached_tokens} cached)    "
+        f"completion: {u.completion_tokens} tokens",
+        f"load: {t.load_ms:.0f} ms    time to first token: {t.ttft_ms:.0f} ms",
+        f"prefill: {t.prefill_ms:.0f} ms ({t.prefill_tps:.1f} tokens/s)    "
+        f"decode: {t.decode_ms:.0f} ms ({t.decode_tps(u.completion_tokens):.1f} tokens/s)",
+        describe(u, t),
+    ]
+    sys.stderr.write("".join(f"infer: {line}\n" for line in lines))
+    sys.stderr.flush()
