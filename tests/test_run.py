@@ -201,22 +201,22 @@ def test_chat_prompt_uses_model_template_and_system(tiny_qwen):
                         "<|im_start|>assistant\n")
 
 
-def test_binary_stdin_is_a_usage_error(tiny_qwen):
-    r = run_cli("run", tiny_qwen, "x", input=b"\x00\x01\x02binary")
+def test_binary_stdin_is_a_usage_error(infer_run):
+    r = infer_run("x", input=b"\x00\x01\x02binary")
     assert_one_line_error(r, 2, "binary")
 
 
-def test_non_utf8_stdin_is_a_usage_error(tiny_qwen):
-    r = run_cli("run", tiny_qwen, "x", input=b"caf\xe9 latin-1")
+def test_non_utf8_stdin_is_a_usage_error(infer_run):
+    r = infer_run("x", input=b"caf\xe9 latin-1")
     assert_one_line_error(r, 2, "UTF-8")
 
 
-def test_no_prompt_at_all_is_a_usage_error(tiny_qwen):
-    assert_one_line_error(run_cli("run", tiny_qwen), 2, "no prompt")
+def test_no_prompt_at_all_is_a_usage_error(infer_run):
+    assert_one_line_error(infer_run(), 2, "no prompt")
 
 
-def test_dash_with_empty_stdin_is_a_usage_error(tiny_qwen):
-    assert_one_line_error(run_cli("run", tiny_qwen, "-"), 2, "empty")
+def test_dash_with_empty_stdin_is_a_usage_error(infer_run):
+    assert_one_line_error(infer_run("-"), 2, "empty")
 
 
 # --- bad input: each ends with its exit code and one line -----------------------
