@@ -66,6 +66,13 @@ def _function(name: str, args: str, doc: str, setup: list[str], fields: list[str
 
 FRUITS = ["apples", "pears", "plums", "grapes", "lemons", "limes", "melons", "cherries", "peaches",
           "apricots", "figs", "dates", "kiwis", "mangoes", "papayas", "guavas", "lychees", "olives"]
+SENSORS = ["boiler", "chiller", "pump_a", "pump_b", "fan_north", "fan_south", "valve_1", "valve_2",
+           "tank_level", "inlet", "outlet", "compressor", "dryer", "heater", "condenser", "filter",
+           "mixer", "conveyor", "press", "oven"]
+RESOURCES = ["users", "orders", "invoices", "products", "carts", "payments", "refunds", "reviews",
+             "coupons", "addresses", "shipments", "returns", "stores", "suppliers", "warehouses",
+             "categories", "tags", "images", "sessions", "tokens", "reports", "alerts", "audits",
+             "exports"]
 SETTINGS = ["host", "port", "user", "password", "timeout", "retries", "backoff", "log_level",
             "cache_dir", "workers", "queue_size", "tls_cert", "tls_key", "region", "bucket",
             "endpoint", "proxy", "locale", "theme", "editor", "shell", "pager", "history"]
@@ -88,9 +95,28 @@ def edit_tasks() -> list[tuple[str, str]]:
          '        valid["{f}"] = value'],
         ["    if errors and strict:", '        raise ValueError("; ".join(errors))',
          "    return valid, errors"])
+    sensors = _function(
+        "sensor_summary", "readings, limits", "The mean of every sensor's readings, and its alarms.",
+        ["    means = {}", "    alarms = []"], SENSORS,
+        ['    values = readings.get("{f}", [])', "    if values:",
+         '        means["{f}"] = sum(values) / len(values)',
+         '        if max(values) > limits.get("{f}", float("inf")):',
+         '            alarms.append("{f}")'],
+        ["    return means, alarms"])
+    routes = _function(
+        "build_routes", "app, prefix", "Register a handler for every resource under the prefix.",
+        ["    routes = []"], RESOURCES,
+        ['    path = prefix + "/{f}"', '    handler = app.handlers["{f}"]',
+         '    app.add_route(path, handler, methods=["GET", "POST"])',
+         '    routes.append(path)'],
+        ["    app.log(len(routes))", "    return routes"])
     return [(inventory, "Rename the variable total to grand_total in this function and print the "
                         "whole function."),
             (config, "Rename the variable errors to problems in this function and print the whole "
+                     "function."),
+            (sensors, "Rename the variable alarms to warnings in this function and print the whole "
+                      "function."),
+            (routes, "Rename the variable routes to paths in this function and print the whole "
                      "function.")]
 
 
@@ -261,7 +287,7 @@ def batch_section(args: argparse.Namespace) -> None:
     n = 160
     params = SamplingParams(temperature=0.0, max_tokens=n)
     asks = [f"{text}\n\n{instruction}".strip()  # as infer run puts piped text and PROMPT
-            for make, _ in TASKS.values() for text, instruction in make()]
+            for make, _ in TASKS.values() for text, instruction in make()[:2]]
     sides = {"none": None, "auto": SpecParams()}
     with Model(args.model) as model:
         prompts = [chat_prompt(model, [{"role": "user", "content": a}]).tokens for a in asks]
