@@ -128,3 +128,81 @@ def test_greedy_and_mirostat_replace_the_random_draw():
     assert kinds(SamplingParams(temperature=0)) == ["greedy"]
     assert kinds(SamplingParams(mirostat=2)) == ["temp", "mirostat_v2"]
     assert kinds(SamplingParams(temperature=0, ignore_eos=True)) == ["logit_bias", "greedy"]
+
+
+# --- a grammar checks the drawn token first (runtime/llama.py, SamplerChain) ----------------
+
+STORY = [{"role": "user", "content": "Write a story about a cat."}]
+LOWERCASE = "root ::= [a-z ,.]+"  # the model's first choice, "Once", is refused
+
+
+def _allowed(model, grammar_sampler, logits):
+    """Which tokens `grammar_sampler` (in its current state) allows, as a boolean array."""
+    import ctypes
+
+    import numpy as np
+
+    from infer.runtime import llama as L
+
+    row = np.ascontiguousarray(logits, dtype=np.float32)
+    cur = L._Candidates(model.n_vocab).fill(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+    L.C.llama_sampler_apply(grammar_sampler, ctypes.byref(cur))
+    data = np.ctypeslib.as_array(cur.data, shape=(cur.size,))
+    out = np.zeros(model.n_vocab, dtype=bool)
+    out[data["id"][np.isfinite(data["logit"])]] = True
+    return out
+
+
+def test_greedy_under_a_grammar_takes_the_likeliest_token_it_allows(smollm2):
+    """The chain draws without the grammar and draws again with it only when the grammar refuses
+    the token. Greedy decoding must still take, at every step, the likeliest of the tokens the
+    grammar allows: checked against the grammar applied to the whole vocabulary."""
+    import numpy as np
+
+    from infer.runtime import llama as L
+    from infer.runtime.params import ContextParams
+    from infer.runtime.prompt import chat_prompt
+    from infer.runtime.sampling import build_sampler_chain
+    from infer.runtime.session import Session
+
+    with Session.open(smollm2, ContextParams(n_ctx=512, n_threads=2)) as s:
+        s.prefill(chat_prompt(s.model, STORY).tokens)
+        judge = L._make_sampler(s.model, L.SamplerSpec("grammar", (LOWERCASE,)))
+        refused = 0
+        try:
+            with build_sampler_chain(SamplingParams(temperature=0, grammar=LOWERCASE), s.model) as chain:
+                for _ in range(40):
+                    logits = np.asarray(s.context.logits(-1), dtype=np.float32)
+                    allowed = _allowed(s.model, judge, logits)
+                    refused += not allowed[int(np.argmax(logits))]
+                    best = int(np.argmax(np.where(allowed, logits, -np.inf)))
+                    token = chain.sample(s.context)
+                    assert token == best
+                    L.C.llama_sampler_accept(judge, token)
+                    s.decode_token(token)
+        finally:
+            L.C.llama_sampler_free(judge)
+    assert refused >= 1  # the second draw was exercised
+
+
+def test_a_grammar_overrules_an_infinite_logit_bias(smollm2):
+    """+inf on a token the grammar refuses: the grammar wins (no NaN from -inf + inf), and
+    without the grammar the bias forces the token."""
+    from infer.runtime.params import ContextParams
+    from infer.runtime.prompt import chat_prompt
+    from infer.runtime.sampling import build_sampler_chain
+    from infer.runtime.session import Session
+
+    with Session.open(smollm2, ContextParams(n_ctx=512, n_threads=2)) as s:
+        capital = s.model.tokenize("Once", add_special=False, parse_special=False)[0]
+        s.prefill(chat_prompt(s.model, STORY).tokens)
+        for grammar in (None, LOWERCASE):
+            params = SamplingParams(temperature=0.8, seed=5, grammar=grammar,
+                                    logit_bias=((capital, float("inf")),))
+            with build_sampler_chain(params, s.model) as chain:
+                token = chain.sample(s.context)
+            text = s.model.token_bytes(token).decode("utf-8", "replace")
+            if grammar is None:
+                assert token == capital
+            else:
+                assert token != capital and text and all(c in "abcdefghijklmnopqrstuvwxyz ,." for c in text)
