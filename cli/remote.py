@@ -9,8 +9,8 @@ that cannot be reached is exit 4, never a silent fall-back to loading the model 
 Flags that only make sense where the model is loaded (context, threads, devices,
 speculation...) are the server's: given here, they are a usage error.
 
-Only the standard library's HTTP client: nothing of llama.cpp, Jinja or an HTTP
-framework is imported on this path.
+HTTP on a plain socket (cli/http1.py): nothing of llama.cpp, Jinja, an HTTP framework
+or even the standard library's http.client is imported on this path.
 """
 
 from __future__ import annotations
@@ -140,76 +140,63 @@ def parse_address(text: str) -> Address:
     return Address(url.hostname, port, None, text)
 
 
-def _connection(addr: Address) -> Any:
-    """An HTTP connection to the server (http.client is imported here: `infer run` without a
-    server never pays for it)."""
-    import http.client
-    import socket
+def _open(addr: Address, method: str, path: str, body: Mapping[str, Any] | None) -> Any:
+    """Send a request: the response (cli/http1.py), its status 200 (another status is raised
+    as infer's error for it). Closing the response closes the connection."""
+    from infer.cli import http1
 
-    if addr.socket_path is None:
-        return http.client.HTTPConnection(addr.host, addr.port, timeout=CONNECT_TIMEOUT_S)
-    path = addr.socket_path
-
-    class UnixConnection(http.client.HTTPConnection):
-        def connect(self) -> None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.timeout)
-            try:
-                sock.connect(path)
-            except OSError:
-                sock.close()
-                raise
-            self.sock = sock
-
-    return UnixConnection("localhost", timeout=CONNECT_TIMEOUT_S)
-
-
-def _open(addr: Address, method: str, path: str, body: Mapping[str, Any] | None) -> tuple[Any, Any]:
-    """Send a request: (connection, response), the response's status 200 (another status is
-    raised as infer's error for it)."""
-    import http.client
-
-    conn = _connection(addr)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
     api_key = os.environ.get(API_KEY_VARIABLE, "").strip()
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    payload = json.dumps(body).encode() if body is not None else None
     try:
+        sock = http1.connect(addr.host, addr.port, addr.socket_path, CONNECT_TIMEOUT_S)
+    except OSError as e:
+        raise _unreachable(addr, e) from None
+    try:
+        sock.settimeout(None)  # a long prompt may take a while before the first token
         try:
-            conn.connect()
-            assert conn.sock is not None
-            conn.sock.settimeout(None)  # a long prompt may take a while before the first token
-            conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
-                         headers=headers)
-            response = conn.getresponse()
-        except (OSError, http.client.HTTPException) as e:
-            raise NetworkError(f"cannot reach the infer server at {addr.shown} ({_reason(e)}); start one "
-                               f"with `infer serve`, or unset {SERVER_VARIABLE} to run the model here"
-                               ) from None
+            response = http1.request(sock, method, path, payload, headers, host=addr.host)
+        except (OSError, http1.ProtocolError) as e:
+            raise _unreachable(addr, e) from None
         if response.status != 200:
-            raise _error(response.status, response.read(), addr.shown)
+            try:
+                raw = response.read()
+            except (OSError, http1.ProtocolError):
+                raw = b""
+            raise _error(response.status, raw, addr.shown)
     except BaseException:
-        conn.close()
+        sock.close()
         raise
-    return conn, response
+    return response
+
+
+def _unreachable(addr: Address, e: BaseException) -> NetworkError:
+    return NetworkError(f"cannot reach the infer server at {addr.shown} ({_reason(e)}); start one with "
+                        f"`infer serve`, or unset {SERVER_VARIABLE} to run the model here")
 
 
 def check(addr: Address) -> None:
     """Raise infer's error if the server cannot be reached or refuses this user (its API key)."""
-    conn, response = _open(addr, "GET", "/v1/models", None)
+    from infer.cli.http1 import ProtocolError
+
+    response = _open(addr, "GET", "/v1/models", None)
     try:
         response.read()
+    except (OSError, ProtocolError) as e:
+        raise _unreachable(addr, e) from None
     finally:
-        conn.close()
+        response.close()
 
 
 def stream_events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """POST `body` (with stream: true) and yield each server-sent event's JSON object until
     [DONE]. Closing the generator early closes the connection: the server then stops the
     request at its next step."""
-    import http.client
+    from infer.cli.http1 import ProtocolError
 
-    conn, response = _open(addr, "POST", path, body)
+    response = _open(addr, "POST", path, body)
     try:
         try:
             for raw in response:
@@ -220,12 +207,12 @@ def stream_events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator
                 if data == b"[DONE]":
                     return
                 yield json.loads(data)
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        except (OSError, ProtocolError, ValueError) as e:
             raise NetworkError(f"the infer server at {addr.shown} went away mid-reply ({_reason(e)})"
                                ) from None
         raise NetworkError(f"the infer server at {addr.shown} ended the reply without [DONE]")
     finally:
-        conn.close()
+        response.close()
 
 
 def _reason(e: BaseException) -> str:

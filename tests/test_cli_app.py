@@ -73,7 +73,7 @@ def test_a_run_through_a_server_loads_neither_llama_cpp_nor_templates(tiny_qwen,
     try:
         heavy = ("llama_cpp", "llama_cpp.llama_cpp", "jinja2", "numpy", "infer.runtime.llama",
                  "infer.runtime.session", "infer.runtime.sampling", "httpx", "starlette", "rich",
-                 "typer", "click")
+                 "typer", "click", "http.client", "email", "ssl")  # (cli/http1.py says why)
         probe = (f"import sys; sys.argv = ['infer', 'run', {str(tiny_qwen)!r}, 'hi', '-n', '2']\n"
                  "from infer.cli.main import main\n"
                  "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
