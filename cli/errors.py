@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -107,11 +106,15 @@ def guarded(func: Callable[[], int | None]) -> NoReturn:
         code = exit_code_for(e)
         if code == EXIT_INTERNAL and not isinstance(e, InferError):
             if debug_enabled():
+                import traceback
+
                 traceback.print_exc()
             print_error(f"internal error: {type(e).__name__}: {e} "
                         "(a bug in infer; INFER_DEBUG=1 shows the traceback)")
         else:
             if debug_enabled():
+                import traceback
+
                 traceback.print_exc()
             print_error(str(e))
     sys.exit(code)
