@@ -102,7 +102,10 @@ def plain_command(argv: list[str]) -> tuple[Callable[[Mapping[str, Any]], Any], 
     arguments after the program's name) is plain; else None."""
     if not argv or argv[0] not in COMMANDS:
         return None
-    flags = parse(argv[0], argv[1:])
+    try:
+        flags = parse(argv[0], argv[1:])
+    except (OSError, ValueError, KeyError):  # no readable spec: Typer parses, as it always can
+        return None
     if flags is None:
         return None
     import importlib

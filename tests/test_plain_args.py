@@ -90,3 +90,9 @@ def test_only_plain_commands_bypass_typer():
     from infer.cli.one_shot import execute as run_execute
 
     assert execute is run_execute and flags["max_tokens"] == 3 and flags["prompt"] == "hi"
+
+
+def test_without_a_readable_spec_typer_parses(monkeypatch, tmp_path):
+    monkeypatch.setattr(plain_args, "SPEC_FILE", tmp_path / "missing.json")
+    monkeypatch.setattr(plain_args, "_specs", None)
+    assert plain_args.plain_command(["run", "m", "hi"]) is None
