@@ -12,23 +12,30 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from infer.quant.paths import infer_home
 from infer.runtime.atomic import write_atomic
 from infer.runtime.errors import UsageError
 
+TYPE_CHECKING = False  # (typing costs the start-up of every call: cli/main.py)
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
 KEEP = 200
+SLACK = 20
 _ID = re.compile(r"[0-9a-f]{12}")
 
 
-@dataclass
 class Record:
-    id: str
-    model: str
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    """One conversation: its id, the model and the messages so far."""
+
+    __slots__ = ("id", "messages", "model")
+
+    def __init__(self, id: str, model: str, messages: list[dict[str, Any]] | None = None) -> None:
+        self.id = id
+        self.model = model
+        self.messages = [] if messages is None else messages
 
     @classmethod
     def new(cls, model: str) -> Record:
@@ -60,9 +67,11 @@ def save(record: Record) -> None:
     data = {"id": record.id, "model": record.model, "messages": record.messages, "updated": time.time()}
     write_atomic(folder() / f"{record.id}.json", json.dumps(data, ensure_ascii=False).encode())
     write_atomic(folder() / "last", record.id.encode())
-    records = sorted(folder().glob("*.json"), key=_mtime, reverse=True)
-    for old in records[KEEP:]:
-        old.unlink(missing_ok=True)
+    names = [name for name in os.listdir(folder()) if name.endswith(".json")]
+    if len(names) > KEEP:  # down to KEEP - SLACK: the pass that reads every record's time is rare
+        records = sorted((folder() / name for name in names), key=_mtime, reverse=True)
+        for old in records[KEEP - SLACK:]:
+            old.unlink(missing_ok=True)
 
 
 def _mtime(path: Path) -> float:

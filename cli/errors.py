@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
 
 from infer.runtime.errors import (
     InferError,
@@ -15,6 +13,11 @@ from infer.runtime.errors import (
     ResourceError,
     UsageError,
 )
+
+TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1

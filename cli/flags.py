@@ -7,15 +7,17 @@ as one mapping, and each reader picks the flags it needs by name.
 
 from __future__ import annotations
 
-import logging
 import sys
-from collections.abc import Mapping
-from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 from infer.runtime.errors import UsageError
-from infer.runtime.params import ContextParams
+
+TYPE_CHECKING = False  # (typing, collections.abc and the params' dataclasses cost start-up)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+    from typing import Any
+
+    from infer.runtime.params import ContextParams
 
 # Click parameter name -> SamplingParams field, for flags whose value is used as is.
 _SAMPLING_FLAGS = {
@@ -47,7 +49,8 @@ def resolve(flags: Mapping[str, Any]) -> Any:
 
 def read_text_file(path: str | Path, what: str) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            return f.read()
     except FileNotFoundError:
         raise UsageError(f"{what} {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -86,7 +89,7 @@ def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
     schema = flags.get("json_schema")
     if schema is not None:
         if schema.startswith("@"):
-            schema = read_text_file(Path(schema[1:]), "JSON schema file")
+            schema = read_text_file(schema[1:], "JSON schema file")
         out["json_schema"] = schema
     return out
 
@@ -109,6 +112,8 @@ def spec_params(flags: Mapping[str, Any]) -> Any:
 
 def model_context_params(flags: Mapping[str, Any], entry: Any) -> ContextParams:
     """context_params, with a catalog alias's context size unless --ctx-size was given."""
+    from dataclasses import replace
+
     cparams = context_params(flags)
     if entry and entry.ctx_size and flags.get("ctx_size") is None:
         cparams = replace(cparams, n_ctx=entry.ctx_size)
@@ -162,6 +167,8 @@ def parse_rpc(text: str | None) -> tuple[str, ...]:
 
 def context_params(flags: Mapping[str, Any]) -> ContextParams:
     """ContextParams from a command's parsed flags (validated; UsageError if out of range)."""
+    from infer.runtime.params import ContextParams
+
     return ContextParams(
         n_ctx=flags.get("ctx_size") or None,  # 0 means the default, as in llama.cpp
         n_batch=flags.get("batch_size") or 2048,
@@ -179,6 +186,8 @@ def context_params(flags: Mapping[str, Any]) -> ContextParams:
 
 def log_to_stderr() -> None:
     """-v/--verbose: llama.cpp's log (through `logging`) on stderr."""
+    import logging
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger = logging.getLogger("infer")

@@ -2,6 +2,13 @@
 
 A plain `infer run` is parsed without Typer (cli/plain_args.py says why); everything
 else, and whatever that parser does not take, goes to the Typer app (cli/app.py).
+
+Start-up is paid by every call of a shell loop, and through a server (cli/remote.py) it
+is most of a call's own time. So the modules on that path import `typing` and
+`collections.abc` only for the type checker (`TYPE_CHECKING = False`, then
+`if TYPE_CHECKING:`), and use no dataclasses and no `logging` (runtime/log.py): those
+cost about 20 ms a call (benchmarks/README.md, "Start-up"). tests/test_cli_app.py
+checks that they stay out.
 """
 
 from __future__ import annotations
@@ -9,9 +16,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import NoReturn
 
 from infer.cli.errors import guarded, shielded
+
+TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 def main() -> None:
@@ -34,9 +44,9 @@ def console() -> NoReturn:
             sys.stderr.write(e.code + "\n")
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     import atexit
-    import threading
 
-    for thread in threading.enumerate():
+    threading = sys.modules.get("threading")  # (never imported: no thread was started)
+    for thread in threading.enumerate() if threading else ():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()

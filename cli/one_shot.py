@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
 from infer.cli.flags import (
     context_params,
@@ -25,7 +23,11 @@ from infer.cli.flags import (
 from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import UsageError
 
+TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
     from infer.cli import remote
 
 

@@ -22,9 +22,12 @@ plain_args.json from the Typer app.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 SPEC_FILE = Path(__file__).with_name("plain_args.json")
 

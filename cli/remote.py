@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, ResourceError, UsageError
+
+TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+    from pathlib import Path
+    from typing import Any
 
 SERVER_VARIABLE = "INFER_SERVER"
 API_KEY_VARIABLE = "INFER_API_KEY"  # sent as `Authorization: Bearer KEY` (infer serve --api-key)
@@ -109,12 +111,16 @@ class ContextTooLong(UsageError):
     """The server says the request does not fit its context (a chat may drop old exchanges)."""
 
 
-@dataclass
 class Address:
-    host: str
-    port: int
-    socket_path: str | None  # a Unix socket instead of TCP
-    shown: str  # as the user wrote it, for messages
+    """Where the server listens: HOST and PORT, or a Unix socket."""
+
+    __slots__ = ("host", "port", "shown", "socket_path")
+
+    def __init__(self, host: str, port: int, socket_path: str | None, shown: str) -> None:
+        self.host = host
+        self.port = port
+        self.socket_path = socket_path  # a Unix socket instead of TCP
+        self.shown = shown  # as the user wrote it, for messages
 
 
 def default_socket() -> Path:

@@ -8,9 +8,11 @@ Binary or non-UTF-8 input is a usage error.
 
 from __future__ import annotations
 
-from typing import BinaryIO
-
 from infer.runtime.errors import UsageError
+
+TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 
 def decode_stdin(data: bytes) -> str:

@@ -1,7 +1,5 @@
-"""infer's inference runtime on llama.cpp's C API: model, context, sampling, sessions."""
+"""infer's inference runtime on llama.cpp's C API: model, context, sampling, sessions.
 
-import logging
-
-# Library code never prints: llama.cpp's log goes to the "infer.llama" logger, and
-# without this handler Python's last-resort handler would write warnings to stderr.
-logging.getLogger("infer").addHandler(logging.NullHandler())
+Importing the package imports nothing else: a client of a server (`infer run` with
+INFER_SERVER) takes only the plain-data modules it needs (errors, results).
+"""

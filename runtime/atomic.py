@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
-from pathlib import Path
+
+TYPE_CHECKING = False  # (cheap to import: a client of a server saves with it)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
 
 
 def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> None:

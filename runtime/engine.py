@@ -10,7 +10,6 @@ Nothing here knows HTTP.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -20,12 +19,13 @@ from dataclasses import dataclass, replace
 
 from infer.runtime.errors import InferError
 from infer.runtime.llama import Context, Model
+from infer.runtime.log import logger
 from infer.runtime.params import ContextParams
 from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.scheduler import Outcome, Request, Scheduler
 from infer.runtime.speculative import SpecParams
 
-log = logging.getLogger("infer.engine")
+log = logger("infer.engine")
 
 
 class Busy(InferError):

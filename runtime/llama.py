@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from infer.runtime.errors import LlamaError, ModelError, ResourceError, UsageError
+from infer.runtime.log import logger
 from infer.runtime.params import ContextParams
 
-log = logging.getLogger("infer.llama")
+log = logger("infer.llama")
 
 
 def load_bindings_module(name: str) -> types.ModuleType:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import struct
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from infer.runtime.atomic import write_atomic
+from infer.runtime.log import logger
 from infer.runtime.session import common_prefix_len
 
 MAGIC = b"INFERKV1"
@@ -145,7 +145,7 @@ class PromptCache:
             write_atomic(path, [MAGIC, _HEADER_LEN.pack(len(header)), header.encode(), state])
             self.evict()
         except OSError as e:
-            logging.getLogger("infer").warning("prompt cache: cannot write %s (%s)", path, e)
+            logger("infer.prompt_cache").warning("prompt cache: cannot write %s (%s)", path, e)
 
     def entries(self) -> list[CacheEntry]:
         """Every readable entry, most recently used first."""

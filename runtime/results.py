@@ -1,31 +1,60 @@
 """What a generation yields: text as it becomes final, then its Completion (usage, timings).
 
 Plain data, importable without llama.cpp: `infer run` through a server builds the same
-Completion from the server's reply.
+Completion from the server's reply. Plain classes rather than dataclasses, because that
+client imports this module and `dataclasses` (with `inspect`) costs it about 9 ms of
+start-up; `_Record` gives them a dataclass's equality and repr.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+
+class _Record:
+    __slots__: tuple[str, ...] = ()
+    _order: tuple[str, ...] = ()  # the fields, in the constructor's order
+    _hidden: tuple[str, ...] = ()  # fields left out of the repr
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self._order)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable, as a dataclass without frozen=True)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._order
+                          if name not in self._hidden)
+        return f"{type(self).__name__}({shown})"
 
 
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens that were already in the KV cache
-    completion_tokens: int = 0
-    draft_tokens: int = 0  # guessed tokens that speculation had the model verify
-    accepted_tokens: int = 0  # of those, the ones that became output
+class Usage(_Record):
+    _order = ("prompt_tokens", "cached_tokens", "completion_tokens", "draft_tokens", "accepted_tokens")
+    __slots__ = _order
+
+    def __init__(self, prompt_tokens: int = 0, cached_tokens: int = 0, completion_tokens: int = 0,
+                 draft_tokens: int = 0, accepted_tokens: int = 0) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens  # prompt tokens that were already in the KV cache
+        self.completion_tokens = completion_tokens
+        self.draft_tokens = draft_tokens  # guessed tokens that speculation had the model verify
+        self.accepted_tokens = accepted_tokens  # of those, the ones that became output
 
 
-@dataclass
-class Timings:
-    load_ms: float = 0.0
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0
-    ttft_ms: float = 0.0  # from the start of the request to the first sampled token
-    prefill_tokens: int = 0  # tokens actually prefilled (prompt minus cached)
-    calibration_ms: float = 0.0  # speculation's one-time cost measurement, before the first token
+class Timings(_Record):
+    _order = ("load_ms", "prefill_ms", "decode_ms", "ttft_ms", "prefill_tokens", "calibration_ms")
+    __slots__ = _order
+
+    def __init__(self, load_ms: float = 0.0, prefill_ms: float = 0.0, decode_ms: float = 0.0,
+                 ttft_ms: float = 0.0, prefill_tokens: int = 0, calibration_ms: float = 0.0) -> None:
+        self.load_ms = load_ms
+        self.prefill_ms = prefill_ms
+        self.decode_ms = decode_ms
+        self.ttft_ms = ttft_ms  # from the start of the request to the first sampled token
+        self.prefill_tokens = prefill_tokens  # tokens actually prefilled (prompt minus cached)
+        self.calibration_ms = calibration_ms  # speculation's cost measurement, once, before the first token
 
     @property
     def prefill_tps(self) -> float:
@@ -35,21 +64,29 @@ class Timings:
         return completion_tokens / (self.decode_ms / 1000) if self.decode_ms > 0 else 0.0
 
 
-@dataclass
-class Piece:
+class Piece(_Record):
     """Text that is final and can be shown."""
 
-    text: str
+    _order = ("text",)
+    __slots__ = _order
+
+    def __init__(self, text: str) -> None:
+        self.text = text
 
 
-@dataclass
-class Completion:
+class Completion(_Record):
     """The end of a generation: what was produced, why it ended, and what it cost."""
 
-    text: str
-    finish_reason: str  # "eos", "stop" (a stop string), or "length"
-    usage: Usage
-    timings: Timings
-    seed: int | None
-    stop_string: str | None = None
-    tokens: list[int] = field(default_factory=list, repr=False)
+    _order = ("text", "finish_reason", "usage", "timings", "seed", "stop_string", "tokens")
+    __slots__ = _order
+    _hidden = ("tokens",)
+
+    def __init__(self, text: str, finish_reason: str, usage: Usage, timings: Timings, seed: int | None,
+                 stop_string: str | None = None, tokens: list[int] | None = None) -> None:
+        self.text = text
+        self.finish_reason = finish_reason  # "eos", "stop" (a stop string), or "length"
+        self.usage = usage
+        self.timings = timings
+        self.seed = seed
+        self.stop_string = stop_string
+        self.tokens = [] if tokens is None else tokens

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from infer.runtime.log import logger
 from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.speculative import SpecParams
 from infer.server.app import Config, create_app
 from infer.server.models import ModelPool, Opened
 
-log = logging.getLogger("infer.server")
+log = logger("infer.server")
 
 
 def serve_forever(sockets: list[socket.socket], open_model: Callable[[str], Opened], *, default: str | None,

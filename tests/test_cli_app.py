@@ -73,7 +73,10 @@ def test_a_run_through_a_server_loads_neither_llama_cpp_nor_templates(tiny_qwen,
     try:
         heavy = ("llama_cpp", "llama_cpp.llama_cpp", "jinja2", "numpy", "infer.runtime.llama",
                  "infer.runtime.session", "infer.runtime.sampling", "httpx", "starlette", "rich",
-                 "typer", "click", "http.client", "email", "ssl")  # (cli/http1.py says why)
+                 "typer", "click", "http.client", "email", "ssl",  # (cli/http1.py says why)
+                 # Nor what the standard library spends start-up on (about 20 ms of each
+                 # call, cli/main.py): the client's modules import these only to type-check.
+                 "typing", "logging", "dataclasses", "inspect", "encodings.idna")
         probe = (f"import sys; sys.argv = ['infer', 'run', {str(tiny_qwen)!r}, 'hi', '-n', '2']\n"
                  "from infer.cli.main import main\n"
                  "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
