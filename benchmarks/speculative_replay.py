@@ -1,7 +1,7 @@
 """Speculation policies replayed on fixed texts: cost-aware against fixed draft lengths.
 
     python benchmarks/speculative_replay.py MODEL.gguf [-t 2] [-n 512] [--lengths 2,3,4,6,8] [--flash-attn on]
-                                            [--text FILE ...]
+                                            [--text FILE ...] [--replies FILE.json]
 
 `speculative.py` measures real runs, where each side writes its own text (verification
 batches round differently, and a small model's greedy reply parts early). This script
@@ -14,11 +14,15 @@ The figure is the reply's tokens over the steps' summed cost (the speed-up over
 decoding one token at a time), for the default policy and for fixed lengths of the
 same prompt lookup; and the oracle, the bound of any length policy over this lookup
 (each step verifies exactly the guesses that prove right).
+
+`--replies FILE.json` keeps the replies and the profile: written by the first run, read
+instead of the model by the next ones (to compare proposers on the same texts quickly).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,8 +79,13 @@ def main() -> None:
     ap.add_argument("--lengths", default="2,3,4,6,8")
     ap.add_argument("--flash-attn", choices=["off", "on"], default="off")
     ap.add_argument("--text", action="append", default=[], help="another reply to the first edit prompt")
+    ap.add_argument("--replies", type=Path, help="replies and profile: read if the file exists, else written")
     args = ap.parse_args()
     lengths = [int(k) for k in args.lengths.split(",")]
+    if args.replies and args.replies.exists():
+        saved = json.loads(args.replies.read_text())
+        compare({k: (v[0], v[1]) for k, v in saved["replies"].items()}, saved["profile"], lengths)
+        return
     replies: dict[str, tuple[list[int], list[int]]] = {}
     with Session.open(args.model, ContextParams(n_ctx=4096, n_threads=args.threads,
                                                      flash_attn=args.flash_attn)) as s:
@@ -98,6 +107,12 @@ def main() -> None:
         for path in args.text:
             tokens = s.model.tokenize(Path(path).read_text(), add_special=False, parse_special=False)
             replies[f"edit 1: {Path(path).name}"] = (replies["edit 1"][0], tokens[:args.n])
+    if args.replies:
+        args.replies.write_text(json.dumps({"replies": replies, "profile": profile}))
+    compare(replies, profile, lengths)
+
+
+def compare(replies: dict[str, tuple[list[int], list[int]]], profile: dict, lengths: list[int]) -> None:
     one = profile["batch"]["1"]
     print("profile (cost of a step of n tokens, in single steps): "
           + ", ".join(f"{n}: {float(t) / one:.2f}" for n, t in sorted(profile["batch"].items(),
