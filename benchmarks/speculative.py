@@ -6,7 +6,8 @@
 Three tasks, each a few chat prompts (variants) rendered with the model's template (the
 same text goes to both tools): ``edit`` (rename a variable in a 100-line function and
 print it whole: the reply repeats its input), ``extract`` (quote sentences from a
-document), ``open`` (open-ended writing). For each task and round, in alternating order:
+document), ``open`` (open-ended writing). For each task and round, prompt by prompt,
+every side in turn (in alternating order):
 
 - ``infer run`` with --spec-type none, and with the default settings (auto: prompt
   lookup, cost-aware draft length);
@@ -32,7 +33,9 @@ infer runs in a fresh INFER_HOME: its first speculating run measures the cost pr
 Decode tokens/s are medians over the rounds; speed-ups are each tool's over its own
 plain decoding in the same round, medians over the rounds (since 2026-12-05; before,
 ratios of the medians); the last line divides infer's speed-up by llama-lookup's at its
-best fixed length.
+best fixed length. Since the night of 2026-12-05 a round runs prompt by prompt, so that
+each side runs within a minute of the plain loops it is compared with (before, side by
+side over all prompts: a side and its baseline up to five sides, minutes, apart).
 """
 
 from __future__ import annotations
@@ -237,12 +240,21 @@ def main() -> None:
                                                       args.threads, k))
         names = list(runners)
         speeds: dict[str, list[float]] = {name: [] for name in names}
-        last: dict[str, list[dict]] = {}
+        last: dict[str, list[dict]] = {name: [{}] * len(files) for name in names}
         for r in range(args.rounds):
-            for name in (names if r % 2 == 0 else names[::-1]):
-                runs = [run() for run in runners[name]]
-                speeds[name].append(sum(x["tokens"] for x in runs) / sum(x["seconds"] for x in runs))
-                last[name] = runs
+            # Prompt by prompt, every side in turn (the order reversed every other time): a
+            # side and the plain loop it is compared with run within a minute of each other,
+            # so that the machine's drift over a round's minutes does not enter the speed-ups.
+            tokens = dict.fromkeys(names, 0)
+            seconds = dict.fromkeys(names, 0.0)
+            for i in range(len(files)):
+                for name in (names if (r + i) % 2 == 0 else names[::-1]):
+                    run = runners[name][i]()
+                    tokens[name] += run["tokens"]
+                    seconds[name] += run["seconds"]
+                    last[name][i] = run
+            for name in names:
+                speeds[name].append(tokens[name] / seconds[name])
         for path in files:
             os.unlink(path)
         med = {name: statistics.median(v) for name, v in speeds.items()}
