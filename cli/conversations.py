@@ -65,11 +65,12 @@ def load(conversation_id: str | None) -> Record:
 def save(record: Record) -> None:
     """Write the record and make it the last one (atomically); forget the oldest beyond KEEP."""
     data = {"id": record.id, "model": record.model, "messages": record.messages, "updated": time.time()}
-    write_atomic(folder() / f"{record.id}.json", json.dumps(data, ensure_ascii=False).encode())
-    write_atomic(folder() / "last", record.id.encode())
-    names = [name for name in os.listdir(folder()) if name.endswith(".json")]
+    where = folder()
+    write_atomic(where / f"{record.id}.json", json.dumps(data, ensure_ascii=False).encode())
+    write_atomic(where / "last", record.id.encode())
+    names = [name for name in os.listdir(where) if name.endswith(".json")]
     if len(names) > KEEP:  # down to KEEP - SLACK: the pass that reads every record's time is rare
-        records = sorted((folder() / name for name in names), key=_mtime, reverse=True)
+        records = sorted((where / name for name in names), key=_mtime, reverse=True)
         for old in records[KEEP - SLACK:]:
             old.unlink(missing_ok=True)
 

@@ -19,7 +19,7 @@ import sys
 
 from infer.cli.errors import guarded, shielded
 
-TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
+TYPE_CHECKING = False  # (why: this module's docstring)
 if TYPE_CHECKING:
     from typing import NoReturn
 
