@@ -1,8 +1,9 @@
 """Speculative decoding: propose several tokens cheaply, verify them in one step.
 
 A proposer guesses the next tokens: ``PromptLookup`` finds the text's end earlier in
-the prompt or the reply and takes what followed it there (free); ``DraftModel`` runs
-a small model of the same vocabulary. The main model then decodes the pending token
+the prompt or the reply and takes what followed it there (free), and learns the edits
+the text makes to what it copies (a renamed variable); ``DraftModel`` runs a small
+model of the same vocabulary. The main model then decodes the pending token
 and the k guesses in one batch, and the request's own sampler chain samples position
 by position, accepting while the sample equals the guess (``verify``). With a
 deterministic proposer that draws what decoding without speculation draws, one sample
@@ -211,8 +212,10 @@ def _prior(key: Hashable) -> float:
     """What a guess under `key` is expected to be worth before any was tested: optimistic
     enough for a likely kind to be tried (and then measured), not so much that a text
     without repeats pays for many tries."""
-    if isinstance(key, tuple) and key and key[0] == "copy":
+    if isinstance(key, tuple) and key and key[0] in ("copy", "edited"):
         return 1.0 - 1.0 / key[1]  # a long copy goes on: 0.875 at 8 tokens, 0.97 at 32
+    if isinstance(key, tuple) and key and key[0] == "edit":
+        return (0.6, 0.75, 0.85, 0.9)[key[1]]  # an edit that came true before is likely again
     if isinstance(key, tuple) and key and key[0] == "ngram":
         _, n, agree, seen = key
         sure = min(0.3 + 0.1 * n + 0.125 * (seen - 1), 0.95)  # a 4-gram: 0.7 seen once, 0.95 thrice
@@ -267,6 +270,29 @@ def _agree_bucket(top: int, total: int) -> int:
     return 100 if share == 1.0 else 66 if share >= 2 / 3 else 50 if share >= 0.5 else 25
 
 
+class _Rule:
+    """An edit learned from the text: where the copy read `old`, the text wrote `new`."""
+
+    __slots__ = ("hits", "new", "old")
+
+    def __init__(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        self.old, self.new = old, new
+        self.hits = 0  # how often it came true since it was learned
+
+
+class _Align:
+    """The history's end aligned with an earlier passage: the copy goes on at `at`, or
+    inside a rule's new tokens (`rule`, `done` of them written)."""
+
+    __slots__ = ("at", "done", "fresh", "rule")
+
+    def __init__(self, at: int, fresh: _Rule | None = None) -> None:
+        self.at = at
+        self.rule: _Rule | None = None
+        self.done = 0
+        self.fresh = fresh  # the edit learned where this copy resumed (else None)
+
+
 class PromptLookup:
     """The next tokens guessed from earlier in the same token history (prompt and reply).
 
@@ -275,8 +301,16 @@ class PromptLookup:
 
     - a copy: when the history's end matches an earlier passage for at least COPY_MIN
       tokens, what followed that passage (key ``("copy", m)``, m the match length
-      counting the guesses before, bucketed). The copy followed last time is kept
-      while it matches best, so that a repeated phrase does not jump elsewhere;
+      counting the guesses before, bucketed). The copy followed is kept while it matches
+      best, so that a repeated phrase does not jump elsewhere; and it survives an edit.
+      When the text parts from the copy and meets it again within MAX_EDIT tokens on
+      either side (ANCHOR tokens equal), the copy goes on from there, and the edit is
+      learned as a rule: where the copy reads the old tokens again (a renamed variable,
+      the item that varies in each block of a list), it guesses the new ones instead
+      (key ``("edit", hits)``: how often the edit came true). A match through an edit
+      counts where the edit came true before or was learned where this copy resumed;
+      the guesses of such a copy are keyed ``("edited", m)``, learned apart from plain
+      copies (in prose, parting and meeting again is often chance);
     - n-gram statistics: otherwise the most frequent token after the longest of the last
       1 .. ngram_size tokens seen before (ties: the latest), keyed ``("ngram", n,
       agreement, seen)``: the share of the top continuation (100: always the same) and
@@ -288,6 +322,10 @@ class PromptLookup:
 
     COPY_MIN = 8
     MAX_MATCH = 32
+    MAX_EDIT = 8  # tokens on either side of an edit that a copy survives
+    ANCHOR = 1  # equal tokens after an edit that resume the copy
+    RULES = 4  # the latest edits applied
+    PART_MIN = 4  # a copy followed for fewer tokens was no copy: its parting teaches nothing
 
     def __init__(self, ngram_size: int) -> None:
         self.n = ngram_size
@@ -300,7 +338,9 @@ class PromptLookup:
         # many different tokens followed; and n-gram -> the position after its latest occurrence
         self.after: list[dict[tuple[int, ...], list[Any]]] = [{} for _ in range(self.n + 1)]
         self.latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.n + 1)]
-        self._follow: int | None = None  # where the last copy's continuation would be read
+        self._align: _Align | None = None  # the copy being followed
+        self._parted: tuple[int, int] | None = None  # a copy the text left: (at, where)
+        self.rules: list[_Rule] = []  # the latest first
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Make the history equal `tokens` (usually an extension of it)."""
@@ -325,18 +365,112 @@ class PromptLookup:
                     if c >= entry[2]:
                         entry[1], entry[2] = token, c
                 latest[n][gram] = end
+            if self._align is not None:
+                self._follow(token)
             h.append(token)
+            if self._parted is not None:
+                self._rejoin()
 
-    def _match(self, source: int) -> int:
-        """How many tokens before `source` equal the history's last ones."""
-        h, end = self.history, len(self.history)
-        m = 0
-        while m < self.MAX_MATCH and source - 1 - m >= 0 and h[source - 1 - m] == h[end - 1 - m]:
-            m += 1
-        return m
+    def _follow(self, token: int) -> None:
+        """The copy meets the history's next token: it goes on, or the text parted from it."""
+        a = self._align
+        assert a is not None
+        expected = self._read(a.at, a.rule, a.done, 1, [])
+        if expected and expected[0][0] == token:
+            a.at, a.rule, a.done = expected[0][1]
+            if a.rule is None and expected[0][2] is not None:  # a rule's new tokens all came true
+                expected[0][2].hits += 1
+            return
+        if a.at < len(self.history) and self._match(a)[1] >= self.PART_MIN:
+            self._parted = (a.at - (len(a.rule.old) if a.rule is not None else 0), len(self.history))
+        self._align = None
 
-    def _copy(self) -> tuple[int, int | None]:
-        """The best copy source (the position its continuation starts at) and its match length."""
+    def _rejoin(self) -> None:
+        """After the text parted from its copy: if the last ANCHOR tokens follow `skip` tokens
+        of the copy past where they parted, the copy goes on, and what the text wrote instead
+        of those is learned (a rule)."""
+        at, where = self._parted  # type: ignore[misc]
+        h, k = self.history, self.ANCHOR
+        wrote = len(h) - where - k  # tokens the text wrote in place of the copy's
+        if wrote > self.MAX_EDIT:
+            self._parted = None
+            return
+        if wrote < 0:
+            return
+        tail = h[len(h) - k:]
+        for skip in range(self.MAX_EDIT + 1):
+            if at + skip + k > where:
+                break
+            if h[at + skip:at + skip + k] == tail:
+                rule = None
+                if skip:
+                    rule = _Rule(tuple(h[at:at + skip]), tuple(h[where:where + wrote]))
+                    self.rules = [rule, *(r for r in self.rules if r.old != rule.old)][:self.RULES]
+                self._align = _Align(at + skip + k, rule)
+                self._parted = None
+                return
+
+    def _read(self, at: int, rule: _Rule | None, done: int, count: int,
+              guessed: list[int]) -> list[tuple[int, tuple[int, _Rule | None, int], _Rule | None]]:
+        """The copy's next `count` tokens from (at, rule, done), the history extended by
+        `guessed` (the copy may run into its own continuation: a loop): each with the state
+        after it and the rule whose new tokens it ends (else None); fewer where it runs out."""
+        h = self.history
+        end = len(h)
+        out: list[tuple[int, tuple[int, _Rule | None, int], _Rule | None]] = []
+        while len(out) < count:
+            if rule is None:
+                for r in self.rules:
+                    if h[at:at + len(r.old)] == list(r.old) and at + len(r.old) <= end:
+                        rule, done, at = r, 0, at + len(r.old)
+                        break
+            if rule is not None and done < len(rule.new):
+                token = rule.new[done]
+                done += 1
+                ended = rule if done == len(rule.new) else None
+                if ended is not None:
+                    rule, done = None, 0
+                out.append((token, (at, rule, done), ended))
+                continue
+            rule, done = None, 0
+            if at < end:
+                token = h[at]
+            elif at - end < len(guessed):
+                token = guessed[at - end]
+            else:
+                break
+            at += 1
+            out.append((token, (at, None, 0), None))
+        return out
+
+    def _match(self, a: _Align) -> tuple[int, int]:
+        """How many of the history's last tokens the copy `a` has followed (at most MAX_MATCH),
+        and how many of those without an edit: equal to the tokens before it, or to a rule's
+        new tokens where those had the old (a rule that came true before, or the one learned
+        where this copy resumed)."""
+        h, at = self.history, a.at
+        i, m, exact = len(h), 0, None
+        if a.rule is not None:  # inside the rule's new tokens: `done` of them written
+            i, at, m, exact = i - a.done, at - len(a.rule.old), a.done, 0
+        while m < self.MAX_MATCH and at > 0 and i > at:
+            if h[at - 1] == h[i - 1]:
+                i, at, m = i - 1, at - 1, m + 1
+                continue
+            for r in self.rules:
+                o, n = len(r.old), len(r.new)
+                if (r.hits or r is a.fresh) and at >= o and i - n > at - o \
+                        and h[i - n:i] == list(r.new) and h[at - o:at] == list(r.old):
+                    if exact is None:
+                        exact = m
+                    i, at, m = i - n, at - o, m + n
+                    break
+            else:
+                break
+        return m, m if exact is None else exact
+
+    def _copy(self) -> tuple[_Align | None, int, bool]:
+        """The copy to follow and how far back it matches: the one followed so far, unless
+        the latest occurrence of the longest n-gram at the history's end matches longer."""
         h = self.history
         end = len(h)
         source = None
@@ -344,13 +478,15 @@ class PromptLookup:
             source = self.latest[n].get(tuple(h[end - n:end]))
             if source is not None:
                 break
-        best = (self._match(source), source) if source is not None else (0, None)
-        follow = self._follow
-        if follow is not None and follow < end and follow != source:
-            m = self._match(follow)
-            if m >= best[0]:
-                best = (m, follow)
-        return best
+        a = self._align
+        m, exact = self._match(a) if a is not None else (0, 0)
+        if source is not None and (a is None or a.at != source or a.rule is not None):
+            candidate = _Align(source)
+            m_source, exact_source = self._match(candidate)
+            if a is None or m_source > m:
+                a, m, exact = candidate, m_source, exact_source
+        self._align = a if m > 0 else None
+        return self._align, m, m != exact
 
     def _statistics(self, tail: list[int]) -> tuple[int, Hashable] | None:
         """The likeliest token after `tail` by n-gram statistics, and its key."""
@@ -363,36 +499,39 @@ class PromptLookup:
 
     def propose(self, k_max: int) -> Proposal | None:
         h = self.history
-        end = len(h)
-        m, source = self._copy()
-        self._follow = source if m > 0 else None
-        tail = h[max(end - self.n, 0):]
+        a, run, edited = self._copy()
+        tail = h[max(len(h) - self.n, 0):]
         tokens: list[int] = []
         keys: list[Hashable] = []
-
-        def copied(at: int) -> int:  # the copy may run into its own continuation (a loop)
-            return h[at] if at < end else tokens[at - end]
-
+        state = (a.at, a.rule, a.done) if a is not None else None
         for j in range(k_max):
-            if source is not None and m + j >= self.COPY_MIN:
-                token = copied(source + j)
-                key: Hashable = ("copy", _copy_bucket(m + j))
+            copied = self._read(*state, 1, tokens) if state is not None else []
+            if copied:
+                token, state, _ = copied[0]
+                inside = state[1] is not None or copied[0][2] is not None  # a rule's new tokens
+            else:
+                state = None
+            if state is not None and run + j >= self.COPY_MIN:
+                if inside:
+                    rule = state[1] if state[1] is not None else copied[0][2]
+                    key: Hashable = ("edit", min(rule.hits, 3))
+                    edited = True
+                else:
+                    key = ("edited" if edited else "copy", _copy_bucket(run + j))
             else:
                 found = self._statistics(tail)
                 if found is None:
                     break
+                if state is not None and found[0] != token:
+                    state = None  # the statistics left the copy
                 token, key = found
-                if source is not None and token != copied(source + j):
-                    source = None  # the statistics left the copy
             tokens.append(token)
             keys.append(key)
             tail.append(token)
         return Proposal(tokens, keys) if tokens else None
 
     def advanced(self, emitted: int) -> None:
-        """`emitted` tokens were added after the last proposal: its source moves with them."""
-        if self._follow is not None:
-            self._follow += emitted
+        """(The copy follows the tokens themselves, as `extend` adds them.)"""
 
 
 class DraftModel:

@@ -76,6 +76,67 @@ def test_prompt_lookup_follows_a_long_copy_through_a_repeated_phrase():
         taken += proposal.tokens
 
 
+def _walk(lookup: PromptLookup, prompt: list[int], reply: list[int], k: int = 4) -> tuple[set[int], set[int]]:
+    """Drive `lookup` over `reply` as speculation does (k guesses a step, the right ones
+    kept): the positions of the reply that it guessed right, and those it guessed wrong."""
+    lookup.sync(prompt)
+    right_at: set[int] = set()
+    wrong_at: set[int] = set()
+    pos = 0
+    while pos < len(reply):
+        lookup.extend([reply[pos]])
+        proposal = lookup.propose(k)
+        right = 0
+        while proposal and right < len(proposal.tokens) and pos + 1 + right < len(reply) \
+                and proposal.tokens[right] == reply[pos + 1 + right]:
+            right += 1
+        right_at.update(range(pos + 1, pos + 1 + right))
+        if proposal and right < len(proposal.tokens):
+            wrong_at.add(pos + 1 + right)
+        lookup.extend(reply[pos + 1:pos + 1 + right])
+        pos += right + 1
+    return right_at, wrong_at
+
+
+def test_prompt_lookup_learns_a_rename_and_guesses_it_further_on():
+    """`cat f.py | infer run m "rename total to grand_total"`: the reply copies the input
+    with one name replaced. Once the copy has met the new name, the later occurrences are
+    guessed, new name included, where a plain lookup guesses the old name there."""
+    source = list(range(100, 180))
+    for at in (10, 30, 50, 70):
+        source[at] = 7  # the old name
+    reply = []
+    for token in source:
+        reply += [8, 9] if token == 7 else [token]  # the new name is two tokens
+    prompt = [*source, 1, 2]
+    new_names = [i for i in range(1, len(reply)) if reply[i - 1:i + 1] == [8, 9]]
+    right_at, wrong_at = _walk(PromptLookup(4), prompt, reply)
+    assert new_names[0] - 1 not in right_at  # the first one: nothing to go by
+    for i in new_names[1:]:  # the later ones: the new name guessed (or sampled), never the old
+        assert not {i - 1, i} & wrong_at and {i - 1, i} & right_at, (i, sorted(wrong_at))
+    assert len(right_at) > 0.75 * len(reply)  # (at most 4 of every 5: one token a step is sampled)
+
+    lookup = PromptLookup(4)  # what backs an edited guess is a kind of its own
+    _walk(lookup, prompt, reply[:new_names[2] - 4])
+    proposal = lookup.propose(6)
+    assert proposal is not None and proposal.tokens[3:6] == [8, 9, reply[new_names[2] + 1]]
+    assert [key[0] for key in proposal.keys] == ["edited"] * 3 + ["edit"] * 2 + ["edited"]
+
+
+def test_prompt_lookup_guesses_the_item_of_a_block_once_it_was_written():
+    """A list of blocks, each repeating the one before with another item in three places:
+    the first place is news, the other two are guessed."""
+    items = [[60 + i, 80 + i] for i in range(12)]  # each item is two tokens
+    block = [10, 11, None, 12, 13, 14, None, 15, 16, 17, 18, None, 19, 20]
+    reply = [t for item in items for slot in block for t in (item if slot is None else [slot])]
+    right_at, wrong_at = _walk(PromptLookup(4), list(range(100, 140)), reply)
+    size = len(reply) // len(items)
+    for b in range(3, len(items)):  # once the blocks have been seen to repeat
+        places = [b * size + i for i, t in enumerate(reply[b * size:(b + 1) * size]) if 60 <= t < 100]
+        assert places[0] not in right_at  # the item's first place: news
+        assert not set(places[2:]) & wrong_at and set(places[2:]) & right_at, (b, places, sorted(wrong_at))
+
+
 def test_acceptance_is_learned_per_key():
     acceptance = Acceptance()
     sure, vague = ("copy", 16), ("ngram", 1, 50, 3)
