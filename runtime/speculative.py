@@ -506,16 +506,16 @@ class PromptLookup:
         state = (a.at, a.rule, a.done) if a is not None else None
         for j in range(k_max):
             copied = self._read(*state, 1, tokens) if state is not None else []
+            rule = None
             if copied:
-                token, state, _ = copied[0]
-                inside = state[1] is not None or copied[0][2] is not None  # a rule's new tokens
+                token, state, ended = copied[0]
+                rule = state[1] if state[1] is not None else ended  # whose new tokens it is, if any
             else:
                 state = None
             if state is not None and run + j >= self.COPY_MIN:
-                if inside:
-                    rule = state[1] if state[1] is not None else copied[0][2]
+                if rule is not None:
                     key: Hashable = ("edit", min(rule.hits, 3))
-                    edited = True
+                    edited = True  # the guesses after it are a copy through an edit
                 else:
                     key = ("edited" if edited else "copy", _copy_bucket(run + j))
             else:
