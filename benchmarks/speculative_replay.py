@@ -63,7 +63,6 @@ def oracle(prompt: Sequence[int], reply: Sequence[int], n_max: int, profile: dic
         right = 0
         while right < len(guesses) and guesses[right] == reply[pos + 1 + right]:
             right += 1
-        lookup.advanced(right + 1)
         lookup.extend(guesses[:right])
         cost += spec.costs.cost(right + 1)
         accepted += right

@@ -439,7 +439,7 @@ class Scheduler:
         if not slot.generated and not endings:
             slot.t_first = time.perf_counter()
         if slot.spec is not None and slot.generated:  # (not the prefill's token: nothing was proposed)
-            slot.spec.verified(len(guesses), right, right + 1)
+            slot.spec.verified(len(guesses), right)
             slot.spec.extend(guesses[:right])
         if guesses:
             slot.drafted += len(guesses)

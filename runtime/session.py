@@ -319,7 +319,7 @@ class Session:
                 guesses = spec.propose(room)
                 if not guesses:
                     self.decode_token(token)
-                    spec.verified(0, 0, 1)
+                    spec.verified(0, 0)
                     token = chain.sample(self.context)
                     continue
                 n_past = len(self.tokens)
@@ -335,7 +335,7 @@ class Session:
                 # The KV cache keeps the pending token and the right guesses: `after` follows them.
                 self.context.memory_seq_rm(SEQ_ID, n_past + 1 + right, -1)
                 del self.tokens[n_past + 1 + right:]
-                spec.verified(len(guesses), right, right + 1)
+                spec.verified(len(guesses), right)
                 spec.extend(guesses[:right])
                 if after is None:
                     finish = endings[-1]

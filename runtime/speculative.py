@@ -258,7 +258,6 @@ class Proposer(Protocol):
     def sync(self, tokens: Sequence[int]) -> None: ...
     def extend(self, tokens: Sequence[int]) -> None: ...
     def propose(self, k_max: int) -> Proposal | None: ...
-    def advanced(self, emitted: int) -> None: ...
 
 
 def _copy_bucket(m: int) -> int:
@@ -275,7 +274,7 @@ class _Rule:
 
     __slots__ = ("hits", "new", "old")
 
-    def __init__(self, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+    def __init__(self, old: list[int], new: list[int]) -> None:
         self.old, self.new = old, new
         self.hits = 0  # how often it came true since it was learned
 
@@ -375,11 +374,11 @@ class PromptLookup:
         """The copy meets the history's next token: it goes on, or the text parted from it."""
         a = self._align
         assert a is not None
-        expected = self._read(a.at, a.rule, a.done, 1, [])
-        if expected and expected[0][0] == token:
-            a.at, a.rule, a.done = expected[0][1]
-            if a.rule is None and expected[0][2] is not None:  # a rule's new tokens all came true
-                expected[0][2].hits += 1
+        expected = self._next((a.at, a.rule, a.done), [])
+        if expected is not None and expected[0] == token:
+            _, (a.at, a.rule, a.done), ended = expected
+            if ended is not None:  # a rule's new tokens all came true
+                ended.hits += 1
             return
         if a.at < len(self.history) and self._match(a)[1] >= self.PART_MIN:
             self._parted = (a.at - (len(a.rule.old) if a.rule is not None else 0), len(self.history))
@@ -404,44 +403,37 @@ class PromptLookup:
             if h[at + skip:at + skip + k] == tail:
                 rule = None
                 if skip:
-                    rule = _Rule(tuple(h[at:at + skip]), tuple(h[where:where + wrote]))
+                    rule = _Rule(h[at:at + skip], h[where:where + wrote])
                     self.rules = [rule, *(r for r in self.rules if r.old != rule.old)][:self.RULES]
                 self._align = _Align(at + skip + k, rule)
                 self._parted = None
                 return
 
-    def _read(self, at: int, rule: _Rule | None, done: int, count: int,
-              guessed: list[int]) -> list[tuple[int, tuple[int, _Rule | None, int], _Rule | None]]:
-        """The copy's next `count` tokens from (at, rule, done), the history extended by
-        `guessed` (the copy may run into its own continuation: a loop): each with the state
-        after it and the rule whose new tokens it ends (else None); fewer where it runs out."""
+    def _next(self, state: tuple[int, _Rule | None, int],
+              guessed: list[int]) -> tuple[int, tuple[int, _Rule | None, int], _Rule | None] | None:
+        """The copy's next token from `state` (at, rule, done), the history extended by
+        `guessed` (the copy may run into its own continuation: a loop), with the state after
+        it and the rule whose new tokens it ends (else None); None where the copy runs out."""
+        at, rule, done = state
         h = self.history
         end = len(h)
-        out: list[tuple[int, tuple[int, _Rule | None, int], _Rule | None]] = []
-        while len(out) < count:
-            if rule is None:
-                for r in self.rules:
-                    if h[at:at + len(r.old)] == list(r.old) and at + len(r.old) <= end:
-                        rule, done, at = r, 0, at + len(r.old)
-                        break
-            if rule is not None and done < len(rule.new):
-                token = rule.new[done]
-                done += 1
-                ended = rule if done == len(rule.new) else None
-                if ended is not None:
-                    rule, done = None, 0
-                out.append((token, (at, rule, done), ended))
-                continue
-            rule, done = None, 0
-            if at < end:
-                token = h[at]
-            elif at - end < len(guessed):
-                token = guessed[at - end]
-            else:
-                break
-            at += 1
-            out.append((token, (at, None, 0), None))
-        return out
+        if rule is None:
+            for r in self.rules:
+                if at + len(r.old) <= end and h[at:at + len(r.old)] == r.old:
+                    rule, done, at = r, 0, at + len(r.old)
+                    break
+        if rule is not None and done < len(rule.new):
+            token = rule.new[done]
+            if done + 1 == len(rule.new):
+                return token, (at, None, 0), rule
+            return token, (at, rule, done + 1), None
+        if at < end:
+            token = h[at]
+        elif at - end < len(guessed):
+            token = guessed[at - end]
+        else:
+            return None
+        return token, (at + 1, None, 0), None
 
     def _match(self, a: _Align) -> tuple[int, int]:
         """How many of the history's last tokens the copy `a` has followed (at most MAX_MATCH),
@@ -459,7 +451,7 @@ class PromptLookup:
             for r in self.rules:
                 o, n = len(r.old), len(r.new)
                 if (r.hits or r is a.fresh) and at >= o and i - n > at - o \
-                        and h[i - n:i] == list(r.new) and h[at - o:at] == list(r.old):
+                        and h[i - n:i] == r.new and h[at - o:at] == r.old:
                     if exact is None:
                         exact = m
                     i, at, m = i - n, at - o, m + n
@@ -505,10 +497,10 @@ class PromptLookup:
         keys: list[Hashable] = []
         state = (a.at, a.rule, a.done) if a is not None else None
         for j in range(k_max):
-            copied = self._read(*state, 1, tokens) if state is not None else []
+            copied = self._next(state, tokens) if state is not None else None
             rule = None
-            if copied:
-                token, state, ended = copied[0]
+            if copied is not None:
+                token, state, ended = copied
                 rule = state[1] if state[1] is not None else ended  # whose new tokens it is, if any
             else:
                 state = None
@@ -529,9 +521,6 @@ class PromptLookup:
             keys.append(key)
             tail.append(token)
         return Proposal(tokens, keys) if tokens else None
-
-    def advanced(self, emitted: int) -> None:
-        """(The copy follows the tokens themselves, as `extend` adds them.)"""
 
 
 class DraftModel:
@@ -573,9 +562,6 @@ class DraftModel:
                 break
             session.decode_token(token)
         return Proposal(guesses, []) if guesses else None
-
-    def advanced(self, emitted: int) -> None:
-        pass
 
 
 # -- the policy --------------------------------------------------------------------------
@@ -726,16 +712,14 @@ class Speculator:
         and drafting them."""
         return [cost_of(n) + self.draft_step * n for n in range(k_max + 1)]
 
-    def verified(self, proposed: int, accepted: int, emitted: int) -> None:
-        """The outcome of the last proposal: `accepted` of `proposed` guesses were right and
-        `emitted` tokens were added to the history in all."""
+    def verified(self, proposed: int, accepted: int) -> None:
+        """The outcome of the last proposal: `accepted` of `proposed` guesses were right."""
         last = self._last
         self.acceptance.fade()  # (the guesses themselves are scored as the tokens come: extend)
         if last is not None and isinstance(self.proposer, DraftModel):
             tested = min(accepted + 1, proposed)
             self.draft_rate[0] += accepted
             self.draft_rate[1] += sum(self.proposer.confidence[:tested])
-        self.proposer.advanced(emitted)
 
 
 def follow(speculator: Speculator, prompt: Sequence[int], reply: Sequence[int]) -> Iterator[tuple[int, int]]:
@@ -751,7 +735,7 @@ def follow(speculator: Speculator, prompt: Sequence[int], reply: Sequence[int]) 
         right = 0
         while right < len(guesses) and guesses[right] == reply[pos + 1 + right]:
             right += 1
-        speculator.verified(len(guesses), right, right + 1)
+        speculator.verified(len(guesses), right)
         speculator.extend(guesses[:right])
         yield len(guesses), right
         pos += right + 1

@@ -72,7 +72,6 @@ def test_prompt_lookup_follows_a_long_copy_through_a_repeated_phrase():
         assert proposal is not None and all(key[0] == "copy" for key in proposal.keys)
         assert proposal.tokens == text[18 + len(taken):22 + len(taken)]  # never back to token 8
         lookup.extend(proposal.tokens)
-        lookup.advanced(len(proposal.tokens))
         taken += proposal.tokens
 
 
@@ -335,9 +334,6 @@ class Oracle:
             return None  # the run went its own way (rounding): nothing more to guess
         guesses = (self.future[done:] + [self.future[-1]] * self.n)[:min(self.n, k_max)]
         return Proposal(guesses, [("copy", 32)] * len(guesses))
-
-    def advanced(self, emitted: int) -> None:
-        pass
 
 
 ENDINGS = {
