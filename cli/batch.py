@@ -211,8 +211,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
 
     placed, parallel = place_slots(flags, resolved, extra=1)
     cparams = placed.params
-    with Model(resolved.path, n_gpu_layers=cparams.n_gpu_layers, devices=placed.handles,
-               tensor_split=cparams.tensor_split, use_mmap=cparams.use_mmap) as model:
+    with Model.load(resolved.path, cparams, devices=placed.handles) as model:
         if flags["verbose"]:
             report(placed, model)
         defaults = model_sampling_defaults(model, resolved.entry)

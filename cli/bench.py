@@ -38,6 +38,7 @@ def bench(
     flash_attn: o.FlashAttn = "auto",
     cache_type_k: o.CacheTypeK = "f16",
     cache_type_v: o.CacheTypeV = "f16",
+    no_repack: o.NoRepack = False,
     verbose: o.Verbose = False,
     offline: o.Offline = False,
 ) -> None:

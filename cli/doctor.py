@@ -28,6 +28,9 @@ def doctor(
     json_output: Annotated[bool, typer.Option("--json", help="Everything as one JSON object.")] = False,
     hub_timeout: Annotated[float, typer.Option(
         "--hub-timeout", help="Seconds to wait for the Hugging Face Hub to answer.")] = 3.0,
+    recheck: Annotated[bool, typer.Option(
+        "--recheck", help="Check again whether llama.cpp's weight repacking works on this CPU "
+                          "(infer checks once per llama.cpp build, CPU and kernel).")] = False,
 ) -> None:
     """Check this installation: versions, backends, devices, folders, the Hub; say what to fix."""
     shielded(execute, ctx.params)
@@ -38,6 +41,29 @@ def rebuild_hint(*, rpc: bool = True, gpu: str | None = None) -> str:
     flags = ["-DGGML_RPC=ON"] if rpc else []
     if gpu:
         flags.insert(0, f"-DGGML_{gpu.upper()}=ON")
+    return (f"CMAKE_ARGS=\"{' '.join(flags)}\" pip install --force-reinstall --no-cache-dir "
+            "--no-deps llama-cpp-python")
+
+
+# /proc/cpuinfo flag -> the CMake option of ggml's CPU backend that builds for it
+_BUILD_FLAGS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"),
+                ("bmi2", "GGML_BMI2"), ("avx_vnni", "GGML_AVX_VNNI"), ("avx512f", "GGML_AVX512"),
+                ("avx512_vbmi", "GGML_AVX512_VBMI"), ("avx512_vnni", "GGML_AVX512_VNNI"),
+                ("avx512_bf16", "GGML_AVX512_BF16"))
+
+
+def rebuild_without(buffers: list[str], cpu_flags: set[str], gpu: str | None) -> str:
+    """The pip command that rebuilds llama-cpp-python without the extra buffer types that
+    crashed: AMX left out of a build for this CPU's other features (a native build takes
+    AMX whenever the CPU has it), else the repacked kernels turned off."""
+    if "AMX" in buffers:
+        flags = ["-DGGML_NATIVE=OFF", *(f"-D{opt}=ON" for flag, opt in _BUILD_FLAGS if flag in cpu_flags),
+                 "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    else:
+        flags = ["-DGGML_CPU_REPACK=OFF"] + (["-DGGML_CPU_KLEIDIAI=OFF"] if "KleidiAI" in buffers else [])
+    if gpu:
+        flags.append(f"-DGGML_{gpu.upper()}=ON")
+    flags.append("-DGGML_RPC=ON")
     return (f"CMAKE_ARGS=\"{' '.join(flags)}\" pip install --force-reinstall --no-cache-dir "
             "--no-deps llama-cpp-python")
 
@@ -122,7 +148,18 @@ def _gpu_hardware() -> str | None:
     return None
 
 
-def gather(hub_timeout: float) -> dict[str, Any]:
+def _repack(recheck: bool) -> dict[str, Any]:
+    from infer.cli.flags import NO_REPACK_VARIABLE, remember_checks
+    from infer.runtime import repack
+
+    remember_checks()
+    found = repack.verdict(fresh=recheck)
+    off_by_hand = os.environ.get(NO_REPACK_VARIABLE, "").strip() not in ("", "0")
+    return {"on": found.repack and not off_by_hand, "check": found.outcome, "detail": found.detail,
+            "buffers": list(found.buffers), "off_by_hand": off_by_hand}
+
+
+def gather(hub_timeout: float, recheck: bool = False) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     from huggingface_hub import constants
@@ -151,6 +188,7 @@ def gather(hub_timeout: float) -> dict[str, Any]:
         "rpc": ggml.supports_rpc(),
         "gpu_offload": ggml.gpu_offload_available(),
         "cpu_features": sorted(k for k, v in features.items() if v),
+        "repack": _repack(recheck),
         "devices": devices,
         "threads": {"physical_cores": physical_cores(), "logical_cpus": os.cpu_count(),
                     "default": physical_cores()},
@@ -176,6 +214,18 @@ def problems(info: Mapping[str, Any], gpu: str | None, cpu_flags: set[str]) -> l
         found.append({"problem": "llama-cpp-python was built without the RPC backend: "
                                  "'infer worker' and --rpc are unavailable",
                       "fix": rebuild_hint(gpu=gpu if gpu in backends else None)})
+    repack = info.get("repack") or {}
+    if repack.get("check") == "crashed":
+        found.append({"problem": f"{repack['detail']}: models load without weight repacking (as with "
+                                 "--no-repack), slower for the weight types those kernels serve",
+                      "fix": rebuild_without(repack["buffers"], cpu_flags, gpu if gpu in backends else None)
+                      + "  (or a newer llama-cpp-python, whose llama.cpp may have fixed it; infer "
+                      "checks again after any rebuild)"})
+    elif repack.get("check") == "unknown":
+        found.append({"problem": f"the check of llama.cpp's weight repacking failed: {repack['detail']}; "
+                                 "repacking stays on",
+                      "fix": "run 'infer doctor --recheck'; if a model then crashes, use --no-repack "
+                             "(or INFER_NO_REPACK=1)"})
     have = set(info["cpu_features"])
     missing = [name for name, flag in _CPUINFO_FLAGS.items() if flag in cpu_flags and name not in have]
     if missing:
@@ -215,6 +265,10 @@ def render(info: Mapping[str, Any]) -> None:
                   f"{'' if info['rpc'] else ' (no RPC)'}; GPU offload: "
                   f"{'yes' if info['gpu_offload'] else 'no'}")
     console.print(f"CPU features: {' '.join(info['cpu_features']) or 'none reported'}")
+    r = info["repack"]
+    state = "on" if r["on"] else "off"
+    why = ("INFER_NO_REPACK is set" if r["off_by_hand"] else r["detail"])
+    console.print(f"weight repacking: {state} ({why})")
     t = info["threads"]
     console.print(f"threads: {t['default']} by default ({t['physical_cores']} physical cores, "
                   f"{t['logical_cpus']} logical CPUs); memory: {_size(info['memory']['available_bytes'])} "
@@ -246,7 +300,7 @@ def execute(flags: Mapping[str, Any]) -> None:
 
     if not flags["hub_timeout"] > 0:
         raise UsageError(f"--hub-timeout must be more than 0 seconds, got {flags['hub_timeout']:g}")
-    info = gather(flags["hub_timeout"])
+    info = gather(flags["hub_timeout"], flags["recheck"])
     if flags["json_output"]:
         sys.stdout.write(json.dumps(info) + "\n")
     else:

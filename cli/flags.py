@@ -7,6 +7,7 @@ as one mapping, and each reader picks the flags it needs by name.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from infer.runtime.errors import UsageError
@@ -165,6 +166,24 @@ def parse_rpc(text: str | None) -> tuple[str, ...]:
     return endpoints
 
 
+NO_REPACK_VARIABLE = "INFER_NO_REPACK"
+
+
+def repack_wanted(flags: Mapping[str, Any]) -> bool:
+    """Whether llama.cpp may repack weights (unless its check found that it crashes here):
+    not with --no-repack or INFER_NO_REPACK=1. The check's verdict is kept in INFER_HOME."""
+    remember_checks()
+    return not (flags.get("no_repack") or os.environ.get(NO_REPACK_VARIABLE, "").strip() not in ("", "0"))
+
+
+def remember_checks() -> None:
+    """Keep what the runtime checks once per machine (runtime/repack.py) in INFER_HOME."""
+    from infer.quant.paths import infer_home
+    from infer.runtime import repack
+
+    repack.remember_in(infer_home)
+
+
 def context_params(flags: Mapping[str, Any]) -> ContextParams:
     """ContextParams from a command's parsed flags (validated; UsageError if out of range)."""
     from infer.runtime.params import ContextParams
@@ -181,6 +200,7 @@ def context_params(flags: Mapping[str, Any]) -> ContextParams:
         cache_type_k=(flags.get("cache_type_k") or "f16").lower(),
         cache_type_v=(flags.get("cache_type_v") or "f16").lower(),
         use_mmap=not flags.get("no_mmap", False),
+        repack=repack_wanted(flags),
     )
 
 

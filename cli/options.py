@@ -125,6 +125,10 @@ CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v",
                                          rich_help_panel=CONTEXT)]
 NoMmap = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of mapping it.",
                                       rich_help_panel=CONTEXT)]
+NoRepack = Annotated[bool, typer.Option(
+    "-nr", "--no-repack", help="Keep the weights as the file has them: no repacking into faster CPU "
+    "layouts (AMX, CPU_REPACK), as llama.cpp's -nr (also INFER_NO_REPACK=1). infer turns it off by "
+    "itself where a check finds it crashes this CPU.", rich_help_panel=CONTEXT)]
 
 # --- speculative decoding (names as llama.cpp's) --------------------------------------------
 SpecType = Annotated[str | None, typer.Option(
@@ -175,6 +179,7 @@ _MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("ubatch_size", UbatchSize, 512), ("threads", Threads, None), ("gpu_layers", GpuLayers, None),
     ("flash_attn", FlashAttn, "auto"), ("cache_type_k", CacheTypeK, "f16"),
     ("cache_type_v", CacheTypeV, "f16"), ("no_mmap", NoMmap, False),
+    ("no_repack", NoRepack, False),
     ("tensor_split", TensorSplit, None), ("rpc", Rpc, None), ("explain", Explain, False),
     ("spec_type", SpecType, None), ("model_draft", ModelDraft, None),
     ("spec_draft_n_max", SpecDraftNMax, None), ("spec_draft_n_min", SpecDraftNMin, None),

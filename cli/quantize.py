@@ -24,6 +24,7 @@ def quantize(
     output: Annotated[str | None, typer.Option("-o", "--output", help="Output file (default: "
                                                "INFER_HOME/models/<Name>-<Size>-<TYPE>.gguf).")] = None,
     threads: o.Threads = None,
+    no_repack: o.NoRepack = False,
     imatrix: Annotated[str | None, typer.Option(
         "--imatrix", help="An importance matrix from llama-imatrix (GGUF or .dat).")] = None,
     check: Annotated[bool | None, typer.Option(
@@ -40,6 +41,7 @@ def quantize(
 
 
 def _quantize(flags: Mapping[str, Any]) -> None:
+    from infer.cli.flags import repack_wanted
     from infer.cli.progress import DownloadProgress
     from infer.quant.build import build, find_source
     from infer.quant.quantize import file_type
@@ -53,7 +55,7 @@ def _quantize(flags: Mapping[str, Any]) -> None:
         return
     result = build(source, quant, Path(flags["output"]) if flags["output"] else None,
                    threads=flags["threads"] or 0, imatrix=imatrix, check=flags["check"],
-                   progress=_report)
+                   repack=repack_wanted(flags), progress=_report)
     out, report = result.path, result.quality
     sys.stderr.write("\n" if sys.stderr.isatty() else "")
     if flags["json_output"]:

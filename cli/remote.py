@@ -37,6 +37,7 @@ SERVER_SIDE = {
     "ctx_size": "-c/--ctx-size", "batch_size": "-b/--batch-size", "ubatch_size": "-ub/--ubatch-size",
     "threads": "-t/--threads", "gpu_layers": "-ngl/--gpu-layers", "flash_attn": "-fa/--flash-attn",
     "cache_type_k": "-ctk/--cache-type-k", "cache_type_v": "-ctv/--cache-type-v", "no_mmap": "--no-mmap",
+    "no_repack": "-nr/--no-repack",
     "tensor_split": "-ts/--tensor-split", "rpc": "--rpc", "explain": "--explain", "spec_type": "--spec-type",
     "model_draft": "-md/--model-draft", "spec_draft_n_max": "--spec-draft-n-max",
     "spec_draft_n_min": "--spec-draft-n-min", "draft_p_min": "--draft-p-min",

@@ -235,6 +235,5 @@ def _open_model(flags: Mapping[str, Any], name: str) -> Any:
     resolved = resolve_model(name, offline=True)
     placed, parallel = place_slots(flags, resolved)
     params = placed.params
-    model = Model(resolved.path, n_gpu_layers=params.n_gpu_layers, devices=placed.handles,
-                  tensor_split=params.tensor_split, use_mmap=params.use_mmap)
+    model = Model.load(resolved.path, params, devices=placed.handles)
     return Opened(model, params, parallel, model_sampling_defaults(model, resolved.entry))

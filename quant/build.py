@@ -82,11 +82,12 @@ FLOAT_TYPES = frozenset({0, 1, 30})  # ggml F32, F16, BF16
 
 
 def build(source: Source, quant: str, out: Path | None = None, *, threads: int = 0,
-          imatrix: Path | None = None, check: bool | None = None,
+          imatrix: Path | None = None, check: bool | None = None, repack: bool = True,
           progress: Progress | None = None) -> BuildResult:
     """Convert (if needed) and quantize `source` to `quant`; optionally measure what it cost.
 
-    `check` None means: check when the source is full precision and the target is not.
+    `check` None means: check when the source is full precision and the target is not;
+    `repack` False: the check loads both models without repacking (llama.cpp's -nr).
     """
     quant, _ = q.file_type(quant, imatrix=imatrix)
     out = out or models_dir() / output_name(source, quant)
@@ -97,7 +98,7 @@ def build(source: Source, quant: str, out: Path | None = None, *, threads: int =
         q.quantize(source.path, out, quant, threads=threads, imatrix=imatrix,
                    progress=_stage(progress, "quantize"))
         wanted = check if check is not None else (not full_target and _is_full_precision(source.path))
-        return BuildResult(out, quality(source.path, out, threads=threads or None) if wanted else None)
+        return BuildResult(out, quality(source.path, out, threads=threads or None, repack=repack) if wanted else None)
     ckpt = open_checkpoint(source.path)
     _check_space(out.parent, sum(t.data_range.size for t in ckpt.tensors.values()))
     if full_target:
@@ -110,7 +111,7 @@ def build(source: Source, quant: str, out: Path | None = None, *, threads: int =
                                source_repo=source.repo, progress=_stage(progress, "convert"))
         q.quantize(intermediate, out, quant, threads=threads, imatrix=imatrix,
                    progress=_stage(progress, "quantize"))
-        report = quality(intermediate, out, threads=threads or None) if check is not False else None
+        report = quality(intermediate, out, threads=threads or None, repack=repack) if check is not False else None
     return BuildResult(out, report)
 
 

@@ -52,14 +52,15 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float]
     return float(kl.mean()), float(agree)
 
 
-def quality(source: Path, quantized: Path, *, threads: int | None = None) -> QualityReport:
+def quality(source: Path, quantized: Path, *, threads: int | None = None,
+            repack: bool = True) -> QualityReport:
     """Run both models on the built-in text and compare their predictions."""
     from infer.runtime.evaluate import all_logits
     from infer.runtime.params import ContextParams
     from infer.runtime.session import Session
 
     params = ContextParams(n_ctx=512, n_threads=threads, cache_type_k="f32", cache_type_v="f32",
-                           flash_attn="off")
+                           flash_attn="off", repack=repack)
     logits = []
     tokens: list[int] = []
     for path in (source, quantized):

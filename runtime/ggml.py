@@ -121,6 +121,25 @@ def cpu_features() -> dict[str, bool]:
     return {k: v == "1" for k, v in re.findall(r"([A-Z0-9_]+) = (\d)", cpu)}
 
 
+def cpu_extra_buffer_types() -> list[str]:
+    """The CPU backend's extra buffer types, where llama.cpp repacks weights for faster
+    kernels ("AMX", "KleidiAI", "CPU_REPACK"), in the order it prefers them."""
+    lib = _lib()
+    reg = lib.ggml_backend_reg_by_name(b"CPU")
+    proc = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts") if reg else None
+    if not proc or not lib.ggml_backend_reg_dev_count(reg):
+        return []
+    get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(proc)
+    bufts = get(lib.ggml_backend_reg_dev_get(reg, 0))
+    _bind(lib, "ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
+    names = []
+    i = 0
+    while bufts and bufts[i]:
+        names.append(lib.ggml_backend_buft_name(bufts[i]).decode("utf-8", "replace"))
+        i += 1
+    return names
+
+
 def gpu_offload_available(extra: list[Device] | None = None) -> bool:
     """Whether any device can take model layers. llama.cpp's own
     ``llama_supports_gpu_offload`` also says yes for a build that merely has RPC."""

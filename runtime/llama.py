@@ -185,10 +185,12 @@ class Model:
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int | None = None,
                  devices: Sequence[int] | None = None, tensor_split: Sequence[float] = (),
-                 use_mmap: bool = True, vocab_only: bool = False) -> None:
+                 use_mmap: bool = True, vocab_only: bool = False, repack: bool = True) -> None:
         """``devices``: ggml device handles to offload to, in order (None: every local
         GPU); ``n_gpu_layers``: how many layers go to them (None or -1: all);
-        ``tensor_split``: their weights (empty: by free memory)."""
+        ``tensor_split``: their weights (empty: by free memory); ``repack``: let llama.cpp
+        move weights on the CPU into its extra buffer types where that works on this
+        machine (runtime/repack.py checks once), False: never (llama.cpp's -nr)."""
         global _placement
         init_backend()
         self.path = Path(path)
@@ -211,6 +213,7 @@ class Model:
             mparams.tensor_split = self._split
         mparams.load_mode = C.LLAMA_LOAD_MODE_MMAP if use_mmap else C.LLAMA_LOAD_MODE_NONE
         mparams.vocab_only = vocab_only
+        mparams.use_extra_bufts = _use_extra_buffers(repack) if not vocab_only else False
         take_errors()
         _placement = {}
         try:
@@ -230,6 +233,14 @@ class Model:
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos = C.llama_vocab_eos(self.vocab)
         self._piece_buf = ctypes.create_string_buffer(256)
+
+    @classmethod
+    def load(cls, path: str | Path, params: ContextParams, *,
+             devices: Sequence[int] | None = None) -> Model:
+        """The model at `path`, loaded with the settings of `params` that concern the weights
+        (offload, split, mmap, repacking)."""
+        return cls(path, n_gpu_layers=params.n_gpu_layers, devices=devices,
+                   tensor_split=params.tensor_split, use_mmap=params.use_mmap, repack=params.repack)
 
     @property
     def ptr(self) -> Any:
@@ -344,6 +355,23 @@ class Model:
                 return buf.raw[:n].decode("utf-8", "replace")
             size = n + 1
         return None
+
+
+_said_repack_off = False
+
+
+def _use_extra_buffers(wanted: bool) -> bool:
+    """Whether a model loads with extra buffer types: wanted and not known to crash here
+    (the first load may run runtime/repack.py's check: under a second, once per machine)."""
+    global _said_repack_off
+    if wanted:
+        from infer.runtime import repack
+
+        return repack.allowed()  # (it says once when the check turned repacking off)
+    if not _said_repack_off:
+        _said_repack_off = True
+        log.info("weight repacking is off, as asked (llama.cpp's -nr/--no-repack)")
+    return False
 
 
 def flash_attention(params: ContextParams, on_cpu: bool) -> str:

@@ -37,6 +37,9 @@ class ContextParams:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     use_mmap: bool = True
+    # Let llama.cpp repack weights on the CPU into faster layouts (AMX, CPU_REPACK) where its
+    # check says that works here (runtime/repack.py); False: never (llama.cpp's -nr).
+    repack: bool = True
     tensor_split: tuple[float, ...] = ()  # weights of the offload devices (empty: by free memory)
     rpc: tuple[str, ...] = ()              # HOST:PORT of RPC workers whose devices join in
 

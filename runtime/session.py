@@ -112,8 +112,7 @@ class Session:
         ``devices``: the ggml devices to offload to (see ``Model``)."""
         params = params or ContextParams()
         t0 = time.perf_counter()
-        model = Model(path, n_gpu_layers=params.n_gpu_layers, devices=devices,
-                      tensor_split=params.tensor_split, use_mmap=params.use_mmap)
+        model = Model.load(path, params, devices=devices)
         try:
             context = Context(model, params)
         except BaseException:

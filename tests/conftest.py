@@ -79,12 +79,37 @@ def smollm2() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def repack_memo(tmp_path_factory: pytest.TempPathFactory) -> bytes | None:
+    """What infer remembers of its one-time repacking check (runtime/repack.py), found once
+    for the session (in this process too): on a machine where llama.cpp's repacked kernels
+    crash, the tests run without them, as infer does."""
+    from infer.runtime import repack
+
+    folder = tmp_path_factory.mktemp("repack-check")
+    repack.remember_in(lambda: folder)
+    try:
+        repack.verdict()
+    finally:
+        repack.remember_in(None)
+    memo = folder / repack.MEMO_NAME
+    return memo.read_bytes() if memo.exists() else None  # (None: this build has nothing to check)
+
+
 @pytest.fixture(autouse=True)
-def infer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own infer home folder."""
+def infer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repack_memo: bytes | None) -> Path:
+    """Every test gets its own infer home folder, which knows the repacking check's answer (as
+    on any machine after infer's first run; tests of the check remove it)."""
+    from infer.runtime.repack import MEMO_NAME
+
     home = tmp_path / "infer-home"
+    if repack_memo is not None:
+        home.mkdir()
+        (home / MEMO_NAME).write_bytes(repack_memo)
     monkeypatch.setenv("INFER_HOME", str(home))
     monkeypatch.delenv("INFER_DEBUG", raising=False)
+    monkeypatch.delenv("INFER_NO_REPACK", raising=False)
+    monkeypatch.delenv("INFER_TEST_REPACK_CRASH", raising=False)
     # Nothing reaches the real Hub: its cache is the test's own and its address refuses.
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)

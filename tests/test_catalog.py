@@ -56,7 +56,7 @@ def test_bad_user_file_names_file_and_line(tmp_path, text, line, fragment):
 
 
 def test_cli_reports_a_bad_user_catalog_with_exit_2(infer_home):
-    infer_home.mkdir(parents=True)
+    infer_home.mkdir(parents=True, exist_ok=True)
     (infer_home / "models.toml").write_text('[models."x:1"]\nrepo = "a/b"\nquant = 4\n')
     assert_one_line_error(run_cli("run", "x:1", "hi"), 2, "models.toml:1:", "quant must be a str")
 

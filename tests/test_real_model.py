@@ -74,9 +74,22 @@ def session(smollm2: Path):
         yield s
 
 
-def test_greedy_generation_is_token_identical_to_llama_cpp_python(smollm2, session):
+def test_greedy_generation_is_token_identical_to_llama_cpp_python(smollm2, session, monkeypatch):
+    import llama_cpp.llama_cpp as bindings
     from llama_cpp import Llama
 
+    from infer.runtime import repack
+
+    # Llama takes no repacking setting: it gets infer's (off where llama.cpp's repacked
+    # kernels crash this CPU, which would kill the test process).
+    defaults = bindings.llama_model_default_params
+
+    def as_infer_loads() -> object:
+        params = defaults()
+        params.use_extra_bufts = repack.allowed()
+        return params
+
+    monkeypatch.setattr(bindings, "llama_model_default_params", as_infer_loads)
     llm = Llama(str(smollm2), n_ctx=SETTINGS["n_ctx"], n_batch=SETTINGS["n_batch"],
                 n_ubatch=SETTINGS["n_ubatch"], n_threads=2, n_threads_batch=2, n_gpu_layers=0,
                 flash_attn=session.context.flash_attn == "on", verbose=False)
