@@ -16,6 +16,8 @@ import argparse
 import os
 import time
 
+import repacking
+
 from infer.runtime.llama import Context, Model
 from infer.runtime.params import ContextParams
 from infer.runtime.prompt import chat_prompt
@@ -44,7 +46,9 @@ def main() -> None:
     texts = [f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (number {i})."
              for i in range(args.prompts)]
 
-    with Session.open(args.model, ContextParams(n_ctx=2048, n_threads=args.threads)) as session:
+    repack = repacking.state().on
+    with Session.open(args.model, ContextParams(n_ctx=2048, n_threads=args.threads,
+                                                repack=repack)) as session:
         prompts = [chat_prompt(session.model, [{"role": "user", "content": t}]).tokens for t in texts]
         t0 = time.perf_counter()
         sequential = 0
@@ -55,13 +59,14 @@ def main() -> None:
 
     a = sequential / t_sequential
     print(f"model: {args.model}   threads: {args.threads}   {args.prompts} prompts x {args.tokens} tokens")
+    print(repacking.line())
     print(f"one at a time                      {a:8.1f} tokens/s  "
           f"({sequential} tokens in {t_sequential:.1f} s)")
     n_ctx = (args.parallel + 1) * (max(len(p) for p in prompts) + args.tokens + 16)
     for unified in {"unified": [True], "split": [False], "both": [True, False]}[args.kv]:
         cparams = ContextParams(n_ctx=n_ctx, n_threads=args.threads, n_seq_max=args.parallel + 1,
                                 kv_unified=unified)
-        with Model(args.model) as model, Context(model, cparams) as ctx:
+        with Model(args.model, repack=repack) as model, Context(model, cparams) as ctx:
             scheduler = Scheduler(model, ctx, parallel=args.parallel)
             t0 = time.perf_counter()
             batched = sum(o.completion.usage.completion_tokens for o in scheduler.run(
@@ -87,7 +92,8 @@ def reference(args: argparse.Namespace, n_prompt: int) -> None:
     cmd = [args.llama_batched_bench, "-m", args.model, "-c", str(n_ctx),
            "-b", "2048", "-ub", "512", "-npp", str(n_prompt), "-ntg", str(args.tokens),
            "-npl", f"1,{args.parallel}", "-t", str(args.threads), "-fa", "off",
-           "-no-kvu"]  # a KV stream per sequence, as infer batch (its default depends on -np)
+           "-no-kvu",  # a KV stream per sequence, as infer batch (its default depends on -np)
+           *repacking.peer_args("llama-batched-bench")]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = {}
     for line in out.splitlines():

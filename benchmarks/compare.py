@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+import repacking
+
 ENGINES = ("bare", "infer", "llama-cpp-python")
 _quiet_log = None
 
@@ -46,7 +48,7 @@ def run_infer(model: str, n_prompt: int, n_gen: int, reps: int, threads: int, fa
     from infer.runtime.params import ContextParams
     from infer.runtime.session import Session
 
-    cparams = ContextParams(n_ctx=2048, n_threads=threads,
+    cparams = ContextParams(n_ctx=2048, n_threads=threads, repack=repacking.state().on,
                             flash_attn="auto" if fa == "default" else fa)
     with Session.open(model, cparams) as s:
         pp = bench_prefill(s, n_prompt, reps)
@@ -64,6 +66,7 @@ def run_bare(model: str, n_prompt: int, n_gen: int, reps: int, threads: int, fa:
     C.llama_backend_init()
     mp = C.llama_model_default_params()
     mp.n_gpu_layers = 0
+    mp.use_extra_bufts = repacking.state().on
     m = C.llama_model_load_from_file(model.encode(), mp)
     cp = C.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 2048, 2048, threads, threads
@@ -108,6 +111,7 @@ def run_llama_cpp_python(model: str, n_prompt: int, n_gen: int, reps: int, threa
                          fa: str) -> dict:
     from llama_cpp import Llama
 
+    repacking.patch_llama_cpp_python()
     llm = Llama(model, n_ctx=2048, n_batch=2048, n_threads=threads, n_gpu_layers=0,
                 flash_attn=fa == "on", verbose=False)
     import random
@@ -137,7 +141,7 @@ def run_llama_bench(binary: Path, model: str, n_prompt: int, n_gen: int, reps: i
                     threads: int, fa: str) -> dict:
     out = subprocess.run([str(binary), "-m", model, "-p", str(n_prompt), "-n", str(n_gen),
                           "-r", str(reps), "-t", str(threads), "-o", "json",
-                          "-fa", "auto" if fa == "default" else fa],
+                          "-fa", "auto" if fa == "default" else fa, *repacking.peer_args("llama-bench")],
                          capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)
     result: dict[str, list[float]] = {}
@@ -189,6 +193,7 @@ def main() -> None:
     base = {k: _stats(results["bare"][k])[0] for k in ("pp", "tg")}
     print(f"model: {args.model}   threads: {args.threads}   pp{args.n_prompt} / tg{args.n_gen}, "
           f"{args.repetitions} repetitions x {args.rounds} rounds   flash attention: {args.flash_attn}")
+    print(repacking.line())
     print(f"{'engine':<18} {'prefill t/s':>16} {'ratio':>6} {'decode t/s':>16} {'ratio':>6}")
     for engine in engines:
         cells = []

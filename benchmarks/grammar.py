@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import repacking
+
 INFER = [str(Path(sys.executable).parent / "infer")]  # the console script beside this Python
 
 SCHEMA = json.dumps({
@@ -58,7 +60,8 @@ def run_infer(model: str, prompt: str, constraint: list[str], n: int, threads: i
 def run_completion(binary: Path, model: str, rendered: str, constraint: list[str], n: int,
                    threads: int) -> tuple[float, str]:
     cmd = [str(binary), "-m", model, "-p", rendered, "-n", str(n), "-t", str(threads), "--temp", "0",
-           "-fa", "off", "-no-cnv", "--no-warmup", "-c", "4096", *constraint]
+           "-fa", "off", "-no-cnv", "--no-warmup", "-c", "4096", *constraint,
+           *repacking.peer_args("llama-completion")]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"llama-completion failed: {out.stderr[-2000:]}")
@@ -83,6 +86,7 @@ def main() -> None:
         sys.exit("give --llama-bin DIR (or LLAMA_BIN)")
     completion = Path(args.llama_bin) / "llama-completion"
     print(f"model: {args.model}   threads: {args.threads}   -n {args.n}   {args.rounds} rounds, medians")
+    print(repacking.line())
     for name, (prompt, constraint) in CASES.items():
         rendered = render(args.model, prompt)
         speeds: dict[str, list[float]] = {"infer": [], "llama-completion": [], "infer, no constraint": []}

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import httpx
+import repacking
 
 INFER = [str(Path(sys.executable).parent / "infer")]  # the console script beside this Python
 LLAMA_BIN = Path(__file__).resolve().parent.parent / ".bench" / "build" / "bin"
@@ -205,7 +206,8 @@ def main() -> None:
         # in host memory (infer serve runs with --no-cache, its disk prompt cache off; the
         # shared-prefix reuse within a slot stays on for both).
         sides["llama-server"] = [str(args.llama_bin / "llama-server"), "-m", model, "-np", str(args.parallel),
-                                 *common, "-fa", args.flash_attn, "-no-kvu", "-cram", "0", "--no-webui"]
+                                 *common, "-fa", args.flash_attn, "-no-kvu", "-cram", "0", "--no-webui",
+                                 *repacking.peer_args("llama-server")]
     payloads = [body(p, args.max_tokens, args.ignore_eos) for p in prompts(args.requests)]
 
     servers = [Server(name, cmd) for name, cmd in sides.items()]
@@ -241,6 +243,7 @@ def main() -> None:
     print(f"model: {model}\nthreads {args.threads}   ctx {ctx}   parallel {args.parallel}   "
           f"{args.requests} requests x {args.max_tokens} tokens   flash attention {args.flash_attn}   "
           f"medians of {args.rounds} rounds")
+    print(repacking.line())
     print(f"{'':<22}{'tokens/s':>10}{'TTFT p50':>12}{'TTFT p99':>12}{'ITL p50':>11}")
     for s in servers:
         m, last = median[s.name], rounds[-1][s.name]

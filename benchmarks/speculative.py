@@ -51,6 +51,8 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
+import repacking
+
 INFER = [str(Path(sys.executable).parent / "infer")]  # the console script beside this Python
 GPU: list[str] = []  # -ngl N for both tools (--ngl)
 FA = ["-fa", "off"]  # the same flash-attention setting for both tools (--flash-attn)
@@ -180,7 +182,7 @@ def run_infer(model: str, text: str, instruction: str, n: int, threads: int, ext
 
 def run_lookup(binary: Path, model: str, prompt_file: str, n: int, threads: int, k: int) -> dict:
     cmd = [str(binary), "-m", model, "-f", prompt_file, "-n", str(n), "-t", str(threads), "--temp", "0",
-           *FA, "-c", "4096", "--spec-draft-n-max", str(k), *GPU]
+           *FA, "-c", "4096", "--spec-draft-n-max", str(k), *GPU, *repacking.peer_args("llama-lookup")]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"llama-lookup failed: {out.stderr[-2000:]}")
@@ -218,6 +220,7 @@ def main() -> None:
     FA[1] = args.flash_attn
     os.environ["INFER_HOME"] = tempfile.mkdtemp(prefix="infer-bench-")
     lookup = Path(args.llama_bin) / "llama-lookup"
+    print(repacking.line())
     ks = [int(k) for k in args.lookup_n.split(",")]
     for task in args.tasks.split(","):
         if task == "batch":

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import repacking
+
 BARE_SCRIPT = r'''
 import sys
 import llama_cpp.llama_cpp as C
@@ -36,6 +38,7 @@ quiet = C.llama_log_callback(lambda *a: None)
 C.llama_log_set(quiet, None)
 C.llama_backend_init()
 mp = C.llama_model_default_params()
+mp.use_extra_bufts = sys.argv[3] == "1"
 m = C.llama_model_load_from_file(sys.argv[1].encode(), mp)
 cp = C.llama_context_default_params()
 cp.n_ctx = 4096
@@ -97,12 +100,13 @@ def main() -> None:
         # without it llama-completion renders a built-in ChatML that leaves out SmolLM2's
         # default system prompt: 10 tokens against infer's 31), so both prefill the same tokens.
         ref = [str(completion), "-m", args.model, "-p", "Hello", "-n", "16", "-cnv", "-st", "--jinja",
-               "-t", str(args.threads), "--no-warmup", "-c", "4096", "-fa", "off"]  # as infer on a CPU
+               "-t", str(args.threads), "--no-warmup", "-c", "4096", "-fa", "off",  # as infer on a CPU
+               *repacking.peer_args("llama-completion")]
     else:
         name = "bare C-API script"
         script = Path(tempfile.mkdtemp()) / "bare.py"
         script.write_text(BARE_SCRIPT)
-        ref = [sys.executable, str(script), args.model, str(args.threads)]
+        ref = [sys.executable, str(script), args.model, str(args.threads), str(int(repacking.state().on))]
     timed(infer)  # the first run pays for cold caches; not counted
     timed(ref)
     ours, theirs = [], []
@@ -111,6 +115,7 @@ def main() -> None:
         theirs.append(timed(ref))
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"model: {args.model}   threads: {args.threads}   {args.repetitions} runs each, medians")
+    print(repacking.line())
     print(f"infer run -n 16      {a:6.3f} s")
     print(f"{name:<20} {b:6.3f} s")
     print(f"ratio                {a / b:6.3f}  (target <= 1.2)")
@@ -122,7 +127,8 @@ def reference(args: argparse.Namespace, prompt: str) -> list[str]:
         sys.exit("--server compares with llama-completion: give --llama-bin DIR "
                  "(benchmarks/build_llama_tools.sh)")
     return [str(completion), "-m", args.model, "-p", prompt, "-n", "16", "-cnv", "-st", "--jinja",
-            "-t", str(args.threads), "--no-warmup", "-c", "4096", "-fa", "off"]
+            "-t", str(args.threads), "--no-warmup", "-c", "4096", "-fa", "off",
+            *repacking.peer_args("llama-completion")]
 
 
 def through_a_server(args: argparse.Namespace) -> None:
@@ -181,6 +187,7 @@ def through_a_server(args: argparse.Namespace) -> None:
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"model: {args.model}   threads: {args.threads}   {args.repetitions} calls each, alternating, "
           "medians")
+    print(repacking.line())
     print(f"infer serve start (once, not counted)   {started:6.3f} s")
     print(f"INFER_SERVER=... infer run -n 16        {a:6.3f} s per call")
     print(f"llama-completion -n 16                  {b:6.3f} s per call")

@@ -98,7 +98,8 @@ def build(source: Source, quant: str, out: Path | None = None, *, threads: int =
         q.quantize(source.path, out, quant, threads=threads, imatrix=imatrix,
                    progress=_stage(progress, "quantize"))
         wanted = check if check is not None else (not full_target and _is_full_precision(source.path))
-        return BuildResult(out, quality(source.path, out, threads=threads or None, repack=repack) if wanted else None)
+        report = quality(source.path, out, threads=threads or None, repack=repack) if wanted else None
+        return BuildResult(out, report)
     ckpt = open_checkpoint(source.path)
     _check_space(out.parent, sum(t.data_range.size for t in ckpt.tensors.values()))
     if full_target:
@@ -111,7 +112,8 @@ def build(source: Source, quant: str, out: Path | None = None, *, threads: int =
                                source_repo=source.repo, progress=_stage(progress, "convert"))
         q.quantize(intermediate, out, quant, threads=threads, imatrix=imatrix,
                    progress=_stage(progress, "quantize"))
-        report = quality(intermediate, out, threads=threads or None, repack=repack) if check is not False else None
+        report = (quality(intermediate, out, threads=threads or None, repack=repack)
+                  if check is not False else None)
     return BuildResult(out, report)
 
 

@@ -100,11 +100,13 @@ def verdict(*, fresh: bool = False) -> Verdict:
     with _lock:
         if _settled is not None and not fresh:
             return _settled
-        memo = _memo() if _memo is not None else None
-        found = _decide(memo and memo / MEMO_NAME, fresh=fresh)
+        folder = _memo() if _memo is not None else None
+        found = _decide(folder / MEMO_NAME if folder else None, fresh=fresh)
         if not found.repack:
             log.info("weight repacking is off (as llama.cpp's -nr): %s; 'infer doctor' says how to "
                      "fix it", found.detail)
+        elif found.outcome == Verdict.UNKNOWN:
+            log.info("weight repacking stays on, unchecked: %s", found.detail)
         _settled = found
         return found
 
@@ -145,11 +147,11 @@ def check(buffers: tuple[str, ...]) -> Verdict:
         except OSError as e:
             return Verdict(Verdict.UNKNOWN, f"the check could not start: {e}", buffers, transient=True)
     seconds = time.monotonic() - t0
-    if proc.returncode < 0:
+    if proc.returncode < 0 or proc.returncode >= 0xC0000000:  # a signal; Windows: an NTSTATUS
         try:
             name = signal.Signals(-proc.returncode).name
         except ValueError:
-            name = f"signal {-proc.returncode}"
+            name = f"signal {-proc.returncode}" if proc.returncode < 0 else f"status {proc.returncode:#x}"
         return Verdict(Verdict.CRASHED, f"a test model with weights repacked for llama.cpp's {named} "
                                         f"kernels crashed on this CPU ({name})", buffers)
     if proc.returncode != 0:

@@ -1,12 +1,12 @@
 """The child side of the repacking check (runtime/repack.py): load a small model whose
 weights llama.cpp repacks, and run it.
 
-Run as ``python -m infer.runtime.repack_probe FOLDER``. It writes a model into FOLDER,
-loads it with llama.cpp's extra buffer types on, prefills 64 tokens and decodes two with
-as many threads as a real run uses, and prints one JSON line: the buffer types llama.cpp
-put weights in. Where ggml's repacked kernels are broken on this CPU, the process dies
-(SIGILL in ggml's AMX code on some Intel Xeons) before it prints; the parent sees the
-signal. Nothing here catches that crash: it is the answer.
+Run as ``python -m infer.runtime.repack_probe FOLDER THREADS``. It writes a model into
+FOLDER, loads it with llama.cpp's extra buffer types on, prefills 64 tokens and decodes two
+with THREADS threads (as many as a real run uses, and at least two), and prints one JSON
+line: the buffer types llama.cpp put weights in. Where ggml's repacked kernels are broken
+on this CPU, the process dies (SIGILL in ggml's AMX code on some Intel Xeons) before it
+prints; the parent sees the signal. Nothing here catches that crash: it is the answer.
 
 The model is a llama architecture with a layer per weight type that some extra buffer
 type takes (AMX: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS; CPU_REPACK: Q4_0, Q8_0,
@@ -131,10 +131,13 @@ def run(path: Path, threads: int) -> list[str]:
 
 
 def main() -> None:
-    import resource
+    try:
+        import resource
 
-    # A crash here is expected where the kernels are broken: no core file for it.
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # A crash here is expected where the kernels are broken: no core file for it.
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):  # (Windows has no resource module)
+        pass
     folder, threads = Path(sys.argv[1]), int(sys.argv[2])
     path = folder / "repack-probe.gguf"
     types = build_model(path)

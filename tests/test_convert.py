@@ -49,8 +49,12 @@ CASES = {
 # llama.cpp's CPU GELU reads an F16 table (Gemma's MLP): against plain transformers that
 # alone makes ~1e-3 of error (1.1e-3 with Gemma 3's 262k vocabulary; llama.cpp's own
 # converter gives bit-identical logits). With the same table in transformers what is left
-# is 1e-4 at most, so Gemma is checked against that, and argmax against plain transformers.
-TOLERANCE = {"Gemma2ForCausalLM": 2.5e-4, "Gemma3ForCausalLM": 2.5e-4}
+# is 1e-4 to 3e-4, so Gemma is checked against that, and argmax against plain transformers.
+# What is left moves with the CPU: an x that the two sum in another order can fall on the
+# other side of an F16 rounding boundary and take the next table entry (Gemma 3 on its own
+# tokenizer: 2.7e-4 on an AMD EPYC (AVX2), under 2.5e-4 where the tolerance was first set).
+# A wrong norm or scaling convention is off by 1e-2 and more.
+TOLERANCE = {"Gemma2ForCausalLM": 5e-4, "Gemma3ForCausalLM": 5e-4}
 F16_GELU = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
@@ -237,7 +241,7 @@ def test_dry_run_plans_without_writing(tmp_path, infer_home):
     assert not (infer_home / "models").exists()
 
 
-def test_interrupted_conversion_leaves_nothing(tmp_path):
+def test_interrupted_conversion_leaves_nothing(tmp_path, infer_home):
     folder = build_checkpoint(tmp_path / "hf", "LlamaForCausalLM")
 
     def interrupt(name, index, count):
@@ -246,7 +250,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         convert(folder, tmp_path / "out.gguf", out_type="F16", progress=interrupt)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p != infer_home) == ["hf"]
 
 
 def test_run_converts_a_hub_checkpoint_once(tmp_path, infer_home, monkeypatch):

@@ -67,7 +67,7 @@ def test_unknown_quant_lists_the_repos_quants(hub):
 
 
 def test_alias_from_the_users_models_toml(hub, infer_home):
-    infer_home.mkdir(parents=True)
+    infer_home.mkdir(parents=True, exist_ok=True)
     (infer_home / "models.toml").write_text(
         f'[models."tiny:1"]\nrepo = "{REPO}"\nquant = "Q8_0"\nsource = "acme/tiny"\n'
         'system = "Be brief."\nsampling = { temperature = 0.0 }\n')
