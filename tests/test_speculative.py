@@ -282,22 +282,23 @@ MODES = {"greedy": SamplingParams(temperature=0, max_tokens=N_GEN),
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_prompt_lookup_draws_what_decoding_without_it_draws(mode, session, plain):
-    same = drafted = accepted = 0
+    # `reproduced`: the same text, or one that parts where a batch shape draws its token.
+    reproduced = drafted = accepted = 0
     for i, prompt in enumerate(PROMPTS):
         tokens = tokens_of(session, prompt)
         done = complete(session, tokens, MODES[mode], Speculator(SpecParams(type="ngram"), profile=PROFILE))
         drafted += done.usage.draft_tokens
         accepted += done.usage.accepted_tokens
-        same += assert_same_or_rounding(session, tokens, plain[i, mode], done.tokens, MODES[mode],
-                                        f"prompt {i} ({mode})")
-    assert same >= len(PROMPTS) // 2, same
+        reproduced += assert_same_or_rounding(session, tokens, plain[i, mode], done.tokens, MODES[mode],
+                                              f"prompt {i} ({mode})")
+    assert reproduced >= len(PROMPTS) // 2, reproduced
     assert accepted > 30 and accepted <= drafted  # it did speculate, on the copying prompts
 
 
 def test_a_draft_model_draws_what_decoding_without_it_draws(smollm2, session, plain):
     """The model as its own draft (allowed for the test): nearly every guess is right."""
     with Session.open(smollm2, ContextParams(**SETTINGS)) as draft_session:
-        same = drafted = accepted = 0
+        reproduced = drafted = accepted = 0
         for i in range(0, len(PROMPTS), 2):
             tokens = tokens_of(session, PROMPTS[i])
             speculator = Speculator(SpecParams(type="draft", p_min=0.3), DraftModel(draft_session, 0.3),
@@ -306,9 +307,9 @@ def test_a_draft_model_draws_what_decoding_without_it_draws(smollm2, session, pl
             done = complete(session, tokens, MODES["greedy"], speculator)
             drafted += done.usage.draft_tokens
             accepted += done.usage.accepted_tokens
-            same += assert_same_or_rounding(session, tokens, plain[i, "greedy"], done.tokens,
-                                            MODES["greedy"], f"prompt {i} (draft)")
-    assert same >= 5, same
+            reproduced += assert_same_or_rounding(session, tokens, plain[i, "greedy"], done.tokens,
+                                                  MODES["greedy"], f"prompt {i} (draft)")
+    assert reproduced >= 5, reproduced
     assert drafted > 50 and accepted >= 0.8 * drafted, (accepted, drafted)
 
 
@@ -337,7 +338,7 @@ class Oracle:
 
 
 ENDINGS = {
-    "stop string": SamplingParams(temperature=0, max_tokens=N_GEN, stop=("Area of 3",)),  # met mid-reply
+    "stop string": SamplingParams(temperature=0, max_tokens=N_GEN),  # the stop: met mid-reply (below)
     "token limit": SamplingParams(temperature=0, max_tokens=13),
     "end of generation": SamplingParams(temperature=0, max_tokens=200),
     "grammar": SamplingParams(temperature=0, max_tokens=N_GEN,
@@ -347,21 +348,42 @@ ENDINGS = {
 }
 
 
+def guessed_all_the_way(session: Session, tokens: Sequence[int], params: SamplingParams) -> Completion:
+    """The reply of a run whose every step verifies right guesses: the oracle guesses what the
+    run before it wrote, from decoding without speculation on, until a run writes what it was
+    told. (Every step is then a batch of the guesses: batches of two tokens or more round
+    alike, a single token otherwise, so decoding without speculation may part from it.)"""
+    future = complete(session, tokens, params)
+    for _ in range(6):
+        guesses = Speculator(SpecParams(type="ngram", n_min=8, n_max=8), Oracle(tokens, future.tokens, 8))
+        done = complete(session, tokens, params, guesses)
+        if done.tokens == future.tokens:
+            return future
+        future = done
+    raise AssertionError("guessed runs keep parting from the text they were given")
+
+
 @pytest.mark.parametrize("ending", list(ENDINGS))
 def test_endings_and_constraints_hold_inside_an_accepted_run(ending, session):
     params = ENDINGS[ending]
     prompt = PROMPTS[11] if ending != "end of generation" else PROMPTS[5]
     tokens = tokens_of(session, prompt)
-    reference = complete(session, tokens, params)
+    reference = guessed_all_the_way(session, tokens, params)
+    stop = ""
+    if ending == "stop string":  # a piece of the reply, from its middle, seen there first
+        half = len(reference.text) // 2
+        stop = reference.text[half:half + 8]
+        assert stop.strip() and stop not in reference.text[:half + 7], (stop, reference.text)
+        params = SamplingParams(temperature=0, max_tokens=N_GEN, stop=(stop,))
+        reference = guessed_all_the_way(session, tokens, params)
     oracle = Oracle(tokens, reference.tokens, 8)
     done = complete(session, tokens, params, Speculator(SpecParams(type="ngram", n_min=8, n_max=8), oracle))
     assert done.usage.accepted_tokens > 0
-    if done.tokens == reference.tokens:
-        assert (done.text, done.finish_reason) == (reference.text, reference.finish_reason)
+    assert (done.tokens, done.text, done.finish_reason) == (reference.tokens, reference.text,
+                                                             reference.finish_reason)
     assert done.usage.completion_tokens <= (params.max_tokens or 10**9)
     if ending == "stop string":
-        assert reference.finish_reason == "stop"  # the stop string is met, and inside the guesses
-        assert done.finish_reason == "stop" and "Area of 3" not in done.text
+        assert done.finish_reason == "stop" and stop not in done.text  # inside the guesses
     elif ending == "token limit":
         assert done.finish_reason == "length" and len(done.tokens) == 13
     elif ending == "end of generation":
@@ -472,18 +494,20 @@ def test_each_batched_completion_with_speculation_equals_its_solo_run(parallel, 
         outcomes = {o.key: o for o in scheduler.run(iter(requests))}
         scheduler.close()
     assert sorted(outcomes) == list(range(len(PROMPTS)))
-    same = drafted = accepted = 0
+    reproduced = drafted = accepted = 0
     for i, request in enumerate(requests):
         done = outcomes[i].completion
         assert done is not None, outcomes[i].error
         drafted += done.usage.draft_tokens
         accepted += done.usage.accepted_tokens
-        same += assert_same_or_rounding(session, request.tokens, plain[i, mode], done.tokens, params,
-                                        f"prompt {i} ({mode}, parallel {parallel})")
+        reproduced += assert_same_or_rounding(session, request.tokens, plain[i, mode], done.tokens, params,
+                                              f"prompt {i} ({mode}, parallel {parallel})")
     # A seeded draw lands near the edge between two tokens more often than a greedy pick sees a
     # near-tie: with guesses verified at every match, Session.generate itself keeps 7 of the 20
-    # seeded replies (15 greedy); the scheduler without speculation keeps all 20.
-    assert same >= (len(PROMPTS) // 2 if mode == "greedy" else len(PROMPTS) // 4), same
+    # seeded replies (15 greedy) on one machine, 6 on an AMD EPYC; the scheduler without
+    # speculation keeps all 20. Counted here: the same text, or one that parts where a batch
+    # shape draws its token.
+    assert reproduced >= (len(PROMPTS) // 2 if mode == "greedy" else len(PROMPTS) // 4), reproduced
     assert accepted > 30 and accepted <= drafted
 
 
