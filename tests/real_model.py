@@ -11,7 +11,10 @@ from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Session, common_prefix_len
 
 NEAR_TIE = 1e-3  # top-2 logits this close (relative) may swap under batch-shape rounding
-MAX_BATCH_TAIL = 16  # the longest verification batch (--spec-draft-n-max's default) replayed
+# The longest verification batch replayed: --spec-draft-n-max's default. (Each tail j also
+# decodes the token before it alone, as a step between two batches does: on an AMD EPYC a
+# single token rounds otherwise than a batch, and batches of 2 and of 61 tokens alike.)
+MAX_BATCH_TAIL = 16
 
 
 @dataclass
@@ -129,8 +132,8 @@ def assert_same_or_rounding(session: Session, prompt: Sequence[int], ours: Seque
                 if drew_theirs(twin.sample(session.context)):
                     return True
             for j in range(1, min(MAX_BATCH_TAIL, i) + 1):
-                session.prefill(prefix[:-j])
-                session.prefill(prefix)  # its last j tokens as one batch
+                session.prefill(prefix[:-j])  # (which decodes the token before the tail alone)
+                session.prefill(prefix)  # the tail as one batch
                 shapes.append(session.context.logits(-1))
                 with before.clone() as twin:
                     if drew_theirs(twin.sample(session.context)):

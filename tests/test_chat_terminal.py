@@ -241,10 +241,10 @@ TYPE_AHEAD_GRAMMAR = (r'root ::= "Start of the reply.\n\n" ("Some more **text** 
                       r'"End of the reply.\n"')
 
 
-def test_keys_typed_while_a_reply_streams_wait_for_the_next_prompt(terminals, tiny_qwen, infer_home):
+def test_keys_typed_while_a_reply_streams_wait_for_the_next_prompt(terminals, tiny_spm, infer_home):
     """Typing during a reply, Enter included, neither tears the reply redrawn in place (the
     keys are not echoed into it) nor is lost: the keys are the next message (type-ahead)."""
-    t = terminals(tiny_qwen, "-n", "4000", "-c", "8192", "--temp", "0", "--grammar", TYPE_AHEAD_GRAMMAR,
+    t = terminals(tiny_spm, "-n", "4000", "-c", "8192", "--temp", "0", "--grammar", TYPE_AHEAD_GRAMMAR,
                   rows=40, cols=120)
     t.type("Write something long\r")
     t.wait_for(lambda text: text.count("Some more text here.") >= 10, "the reply under way")
