@@ -93,13 +93,20 @@ class F16TableGelu(torch.nn.Module):
         return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
 
 
-def hf_logits(folder: Path, ids: list[int], f16_gelu: bool = False) -> np.ndarray:
+def hf_logits(folder: Path, ids: list[int]) -> np.ndarray:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
-    if f16_gelu:
-        for layer in model.model.layers:
-            layer.mlp.act_fn = F16TableGelu()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def hf_logits_both(folder: Path, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' logits with llama.cpp's F16 GELU table, and plain (one model load)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    with torch.no_grad():
+        plain = model(torch.tensor([ids])).logits[0].numpy()
+        for layer in model.model.layers:
+            layer.mlp.act_fn = F16TableGelu()
+        return model(torch.tensor([ids])).logits[0].numpy(), plain
 
 
 def gguf_logits(path: Path, ids: list[int]) -> np.ndarray:
@@ -115,17 +122,34 @@ def token_ids(folder: Path) -> list[int]:
     return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(TEXT).ids
 
 
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory):
+    """`converted(case)`: the case's checkpoint folder and its F32 GGUF, built once for the module
+    (a 262k-token vocabulary takes seconds to build and convert)."""
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def get(case: str) -> tuple[Path, Path]:
+        if case not in built:
+            root = tmp_path_factory.mktemp("converted")
+            folder = build_checkpoint(root / "hf", case)
+            built[case] = folder, convert(folder, root / "model-f32.gguf", out_type="F32")
+        return built[case]
+    return get
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_converted_model_matches_transformers(case, tmp_path):
+def test_converted_model_matches_transformers(case, converted):
     arch = case.split(":")[0]
-    folder = build_checkpoint(tmp_path / "hf", case)
-    out = convert(folder, tmp_path / "model-f32.gguf", out_type="F32")
+    folder, out = converted(case)
     ids = token_ids(folder)
-    ours, theirs = gguf_logits(out, ids), hf_logits(folder, ids, f16_gelu=arch in F16_GELU)
+    ours = gguf_logits(out, ids)
+    if arch in F16_GELU:
+        theirs, plain = hf_logits_both(folder, ids)
+    else:
+        theirs = plain = hf_logits(folder, ids)
     assert ours.shape == theirs.shape
     rel = np.abs(ours - theirs).max() / np.abs(theirs).max()
     assert rel <= TOLERANCE.get(arch, 1e-5), rel
-    plain = hf_logits(folder, ids) if arch in F16_GELU else theirs
     assert (ours.argmax(-1) == plain.argmax(-1)).all()
 
 
@@ -274,14 +298,13 @@ def test_run_converts_a_hub_checkpoint_once(tmp_path, infer_home, monkeypatch):
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.endswith(":gemma3-tokenizer")])
-def test_converted_gemma_tokenizes_like_hugging_face(case, tmp_path):
+def test_converted_gemma_tokenizes_like_hugging_face(case, converted):
     from test_convert_tokenizer import GEMMA_STRINGS
     from tokenizers import Tokenizer
 
     from infer.runtime.llama import Model
 
-    folder = build_checkpoint(tmp_path / "hf", case)
-    out = convert(folder, tmp_path / "model.gguf", out_type="F16")
+    folder, out = converted(case)
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
     with Model(out, vocab_only=True) as model:
         for text in [TEXT, *GEMMA_STRINGS]:
