@@ -10,7 +10,6 @@ llama.cpp tool `peer_args(tool)`.
 
 from __future__ import annotations
 
-import os
 from functools import cache
 
 
@@ -21,10 +20,10 @@ class State:
 
 @cache
 def state() -> State:
-    from infer.cli.flags import NO_REPACK_VARIABLE, remember_checks
+    from infer.cli.flags import NO_REPACK_VARIABLE, remember_checks, repack_off_by_environment
     from infer.runtime import repack
 
-    if os.environ.get(NO_REPACK_VARIABLE, "").strip() not in ("", "0"):
+    if repack_off_by_environment():
         return State(False, f"{NO_REPACK_VARIABLE} is set")
     remember_checks()  # the verdict infer keeps in INFER_HOME, as `infer run` reads it
     found = repack.verdict()
@@ -33,7 +32,7 @@ def state() -> State:
 
 def line() -> str:
     s = state()
-    return (f"weight repacking: {'on' if s.on else 'off'} on every side ({s.why}"
+    return (f"weight repacking on every side: {'on' if s.on else 'off'} ({s.why}"
             f"{'' if s.on else '; llama.cpp tools get -nr'})")
 
 

@@ -149,12 +149,12 @@ def _gpu_hardware() -> str | None:
 
 
 def _repack(recheck: bool) -> dict[str, Any]:
-    from infer.cli.flags import NO_REPACK_VARIABLE, remember_checks
+    from infer.cli.flags import remember_checks, repack_off_by_environment
     from infer.runtime import repack
 
     remember_checks()
     found = repack.verdict(fresh=recheck)
-    off_by_hand = os.environ.get(NO_REPACK_VARIABLE, "").strip() not in ("", "0")
+    off_by_hand = repack_off_by_environment()
     return {"on": found.repack and not off_by_hand, "check": found.outcome, "detail": found.detail,
             "buffers": list(found.buffers), "off_by_hand": off_by_hand}
 

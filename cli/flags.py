@@ -173,7 +173,11 @@ def repack_wanted(flags: Mapping[str, Any]) -> bool:
     """Whether llama.cpp may repack weights (unless its check found that it crashes here):
     not with --no-repack or INFER_NO_REPACK=1. The check's verdict is kept in INFER_HOME."""
     remember_checks()
-    return not (flags.get("no_repack") or os.environ.get(NO_REPACK_VARIABLE, "").strip() not in ("", "0"))
+    return not (flags.get("no_repack") or repack_off_by_environment())
+
+
+def repack_off_by_environment() -> bool:
+    return os.environ.get(NO_REPACK_VARIABLE, "").strip() not in ("", "0")
 
 
 def remember_checks() -> None:
