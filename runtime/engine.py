@@ -138,7 +138,10 @@ class Engine:
     def _run(self) -> None:
         while True:
             busy = bool(self.scheduler.running or self._waiting)
-            self._take_inbox(block=not busy)
+            # Never block once closing: shutdown's one wake-up may have been taken while requests
+            # still ran, and nothing else comes. (Set before that wake-up is put, `_closing` is
+            # seen here, or the wake-up is still in the inbox.)
+            self._take_inbox(block=not busy and not self._closing)
             if self._closing:
                 self._refuse_waiting()
                 if not self.scheduler.running:
