@@ -22,6 +22,11 @@ QWEN_TEMPLATE = (
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    # A suite started in the background (`nohup pytest &`, some CI runners) inherits SIGINT
+    # ignored, and so would every command it starts: their Ctrl-C tests would see nothing. An
+    # ignored signal stays ignored across exec, a handled one is reset to the default there.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not (fixtures_dir() / "vocab").is_dir():
         message = f"the shared fixtures are missing: {fixtures_dir()} (set INFER_FIXTURES)"
         if os.environ.get("CI"):
