@@ -138,10 +138,15 @@ def run_cli(*args: object, input: bytes | str | None = b"", timeout: float = 120
             env: dict[str, str] | None = None) -> Result:
     """Run the real `infer` command in a child process. stdin is empty unless `input` is given."""
     data = input.encode() if isinstance(input, str) else input
-    proc = subprocess.run(
-        [*CLI, *map(str, args)], input=data, capture_output=True, timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    try:
+        proc = subprocess.run(
+            [*CLI, *map(str, args)], input=data, capture_output=True, timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as e:
+        said = (e.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-3:]
+        pytest.fail(f"`infer {' '.join(map(str, args))}` did not finish in {timeout:g} s (a loaded "
+                    f"machine?); its last words on stderr: {said}", pytrace=False)
     return Result(proc.returncode, proc.stdout.decode("utf-8", "replace"),
                   proc.stderr.decode("utf-8", "replace"))
 
