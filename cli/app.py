@@ -10,25 +10,26 @@ import typer
 
 from infer.cli import __version__
 
-# Each command: its module, the function (or Typer sub-app) in it, and whether it shows
-# its help when given no arguments. In this order in `infer --help`. A run imports and
+# Each command: its module and the function (or Typer sub-app) in it, in this order in
+# `infer --help`. A command given too few arguments says so in one line, with where its
+# help is (its help is not an error message). A run imports and
 # builds only the command it names: building every command's options through Typer's
 # introspection, and importing every command's module, cost each `infer run` about 40 ms
 # (0.434 -> 0.396 s for `infer run MODEL Hello -n 1`, medians of 15 alternated runs).
-COMMANDS: dict[str, tuple[str, str, bool]] = {
-    "run": ("infer.cli.run", "run", True),
-    "chat": ("infer.cli.chat", "chat", True),
-    "pull": ("infer.cli.models", "pull", True),
-    "list": ("infer.cli.models", "list_models", False),
-    "show": ("infer.cli.models", "show", True),
-    "rm": ("infer.cli.models", "rm", True),
-    "quantize": ("infer.cli.quantize", "quantize", True),
-    "bench": ("infer.cli.bench", "bench", True),
-    "batch": ("infer.cli.batch", "batch", True),
-    "serve": ("infer.cli.serve", "serve", False),
-    "doctor": ("infer.cli.doctor", "doctor", False),
-    "worker": ("infer.cli.worker", "worker", False),
-    "cache": ("infer.cli.cache", "cache_app", False),
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("infer.cli.run", "run"),
+    "chat": ("infer.cli.chat", "chat"),
+    "pull": ("infer.cli.models", "pull"),
+    "list": ("infer.cli.models", "list_models"),
+    "show": ("infer.cli.models", "show"),
+    "rm": ("infer.cli.models", "rm"),
+    "quantize": ("infer.cli.quantize", "quantize"),
+    "bench": ("infer.cli.bench", "bench"),
+    "batch": ("infer.cli.batch", "batch"),
+    "serve": ("infer.cli.serve", "serve"),
+    "doctor": ("infer.cli.doctor", "doctor"),
+    "worker": ("infer.cli.worker", "worker"),
+    "cache": ("infer.cli.cache", "cache_app"),
 }
 
 
@@ -72,14 +73,14 @@ def build_app(only: str | None = None) -> typer.Typer:
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     app.callback()(root)
-    for name, (module, attr, no_args_is_help) in COMMANDS.items():
+    for name, (module, attr) in COMMANDS.items():
         if only is not None and name != only:
             continue
         target = getattr(importlib.import_module(module), attr)
         if isinstance(target, typer.Typer):
             app.add_typer(target, name=name)
         else:
-            app.command(name, no_args_is_help=no_args_is_help)(target)
+            app.command(name)(target)
     return app
 
 
@@ -108,6 +109,6 @@ def invoke(argv: list[str]) -> int:
         ctx = getattr(e, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         # Typer and click each add their own "Did you mean ...?" to an unknown command.
-        message = re.sub(r"( Did you mean [^?]*\?)\1+", r"\1", e.format_message())
+        message = re.sub(r"( Did you mean [^?]*\?)\1+", r"\1", e.format_message()).rstrip(".")
         raise UsageError(f"{message}{hint}") from None
     return result if isinstance(result, int) else 0

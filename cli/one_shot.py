@@ -57,7 +57,8 @@ def execute(flags: Mapping[str, Any]) -> None:
     if record is not None and prompt_arg is None:
         model, prompt_arg = record.model, model  # `infer run -C "next question"`
     if model is None:
-        raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT])")
+        raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT]); "
+                         "see 'infer run --help'")
     if where is not None:  # the model is loaded there: send the request, print the same
         from infer.cli.plain_args import defaults
 

@@ -28,6 +28,13 @@ def test_each_command_answers_help(command):
     assert f"Usage: infer {command}" in r.stdout
 
 
+@pytest.mark.parametrize("command", ["run", "chat", "pull", "show", "rm", "quantize", "bench", "batch"])
+def test_a_command_without_its_arguments_is_one_usage_error_pointing_at_its_help(command):
+    r = run_cli(command, input=b"")
+    assert_one_line_error(r, 2, f"'infer {command} --help'")
+    assert r.stdout == ""  # its help is not the error message
+
+
 def test_a_mistyped_command_is_one_usage_error_with_one_suggestion():
     r = run_cli("runn", "model", "hi")
     assert_one_line_error(r, 2, "No such command 'runn'")
