@@ -192,9 +192,12 @@ def place_slots(flags: Mapping[str, Any], resolved: Any, *, extra: int = 0) -> t
     """The planned load, and the sequences decoded together (--parallel or the default).
 
     A KV stream per sequence: the slots and `extra` sequences of their own (infer batch's
-    shared prefix); without -c, SLOT_CONTEXT cells each (at most the training context)."""
+    shared prefix); without -c, SLOT_CONTEXT cells each (at most the training context); -c is
+    the cells of all of them (-c 0: the training context's, as llama-server's)."""
     cparams = model_context_params(flags, resolved.entry)
     layout = model_layout(resolved.path)
+    if cparams.n_ctx == 0:
+        cparams = replace(cparams, n_ctx=cparams.resolved_n_ctx(layout.n_ctx_train))
     parallel = flags["parallel"] or default_parallel(layout.n_params, cparams.n_ctx)
     streams = parallel + extra
     n_ctx = cparams.n_ctx or streams * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)

@@ -193,7 +193,7 @@ def context_params(flags: Mapping[str, Any]) -> ContextParams:
     from infer.runtime.params import ContextParams
 
     return ContextParams(
-        n_ctx=flags.get("ctx_size") or None,  # 0 means the default, as in llama.cpp
+        n_ctx=flags.get("ctx_size"),  # 0: the model's training context, as llama.cpp's -c 0
         n_batch=flags.get("batch_size") or 2048,
         n_ubatch=flags.get("ubatch_size") or 512,
         n_threads=flags.get("threads"),

@@ -84,7 +84,8 @@ IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Never stop at end
 
 # --- context and hardware ---------------------------------------------------
 CtxSize = Annotated[int | None, typer.Option(
-    "-c", "--ctx-size", help="Context size in tokens (default: the model's, at most 4096).",
+    "-c", "--ctx-size", help="Context size in tokens (default: the model's, at most 4096; 0: the model's "
+                             "whole training context, as llama.cpp's -c 0).",
     rich_help_panel=CONTEXT)]
 BatchSize = Annotated[int, typer.Option("-b", "--batch-size", help="Prompt tokens per decode call.",
                                         rich_help_panel=CONTEXT)]

@@ -14,7 +14,8 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 class ContextParams:
     """Frozen, validated context settings; names follow llama.cpp's.
 
-    ``n_ctx=None`` means the model's training context capped at DEFAULT_MAX_CTX;
+    ``n_ctx=None`` means the model's training context capped at DEFAULT_MAX_CTX, ``0`` the
+    model's whole training context (llama.cpp's ``-c 0``);
     ``n_threads=None`` means the physical cores; ``n_gpu_layers=None`` means as
     many layers as fit on the GPUs and workers (``-ngl auto``; all of them when the
     caller did not plan), -1 all of them.
@@ -44,12 +45,16 @@ class ContextParams:
     rpc: tuple[str, ...] = ()              # HOST:PORT of RPC workers whose devices join in
 
     def resolved_n_ctx(self, n_ctx_train: int) -> int:
-        """The context size to create: n_ctx, else the model's capped at DEFAULT_MAX_CTX."""
+        """The context size to create: n_ctx; 0: the model's training context; None: that,
+        capped at DEFAULT_MAX_CTX."""
+        if self.n_ctx == 0:
+            return n_ctx_train or self.DEFAULT_MAX_CTX
         return self.n_ctx or min(n_ctx_train or 4096, self.DEFAULT_MAX_CTX)
 
     def __post_init__(self) -> None:
-        if self.n_ctx is not None and self.n_ctx < 16:
-            raise UsageError(f"context size must be at least 16 tokens, got {self.n_ctx}")
+        if self.n_ctx is not None and self.n_ctx != 0 and self.n_ctx < 16:
+            raise UsageError(f"context size must be at least 16 tokens (or 0: the model's training "
+                             f"context), got {self.n_ctx}")
         for name in ("n_batch", "n_ubatch", "n_seq_max"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")

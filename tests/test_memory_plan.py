@@ -193,3 +193,17 @@ def test_layout_is_remembered_between_runs(tiny_spm, infer_home):
     memo = json.loads((infer_home / "layouts.json").read_text())
     (entry,) = memo.values()
     assert entry["layout"]["n_layer"] == 2
+
+
+def test_ctx_size_0_is_the_models_training_context_as_in_llama_cpp(smollm2):
+    """SmolLM2 was trained on 8192 tokens: the default takes at most 4096, -c 0 all of them
+    (run and batch alike); a context under 16 tokens is refused, saying what 0 means."""
+    def planned(*args: str) -> str:
+        r = run_cli(*args, "--explain")
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()[0]
+
+    assert "a context of 4096 tokens" in planned("run", str(smollm2))
+    assert "a context of 8192 tokens" in planned("run", str(smollm2), "-c", "0")
+    assert "a context of 8192 tokens" in planned("batch", str(smollm2), "-c", "0")
+    assert_one_line_error(run_cli("run", smollm2, "-c", "5", "hi"), 2, "at least 16 tokens", "0:")
