@@ -25,7 +25,7 @@ def bench(
         "-p", "--n-prompt", help="Prompt sizes to prefill (default 512); repeatable.")] = None,
     n_gen: Annotated[list[int] | None, typer.Option(
         "-n", "--n-gen", help="Token counts to generate (default 128); repeatable.")] = None,
-    repetitions: Annotated[int, typer.Option("-r", "--repetitions")] = 5,
+    repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Runs of each test.")] = 5,
     json_output: Annotated[bool, typer.Option("--json", help="Results as JSON.")] = False,
     threads: o.Threads = None,
     ctx_size: o.CtxSize = None,

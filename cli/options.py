@@ -41,10 +41,12 @@ RepeatPenalty = Annotated[float | None, typer.Option(
 RepeatLastN = Annotated[int | None, typer.Option(
     "--repeat-last-n", help="Window of the repeat penalty in tokens (-1: whole context).",
     rich_help_panel=SAMPLING)]
-PresencePenalty = Annotated[float | None, typer.Option("--presence-penalty",
-                                                          rich_help_panel=SAMPLING)]
-FrequencyPenalty = Annotated[float | None, typer.Option("--frequency-penalty",
-                                                           rich_help_panel=SAMPLING)]
+PresencePenalty = Annotated[float | None, typer.Option(
+    "--presence-penalty", help="Lower every token already in the window by this, once (0: off).",
+    rich_help_panel=SAMPLING)]
+FrequencyPenalty = Annotated[float | None, typer.Option(
+    "--frequency-penalty", help="Lower every token by this for each time it is in the window (0: off).",
+    rich_help_panel=SAMPLING)]
 Seed = Annotated[int | None, typer.Option(
     "--seed", help="Random seed (-1: random). The same seed gives the same text.",
     rich_help_panel=SAMPLING)]
@@ -57,17 +59,24 @@ MirostatEnt = Annotated[float | None, typer.Option("--mirostat-ent", help="Miros
 DryMultiplier = Annotated[float | None, typer.Option("--dry-multiplier",
                                                         help="DRY repetition penalty (0: off).",
                                                         rich_help_panel=SAMPLING)]
-DryBase = Annotated[float | None, typer.Option("--dry-base", rich_help_panel=SAMPLING)]
-DryAllowedLength = Annotated[int | None, typer.Option("--dry-allowed-length",
-                                                         rich_help_panel=SAMPLING)]
-DryPenaltyLastN = Annotated[int | None, typer.Option("--dry-penalty-last-n",
-                                                        rich_help_panel=SAMPLING)]
+DryBase = Annotated[float | None, typer.Option(
+    "--dry-base", help="DRY: how fast its penalty grows with the repeat's length (default 1.75).",
+    rich_help_panel=SAMPLING)]
+DryAllowedLength = Annotated[int | None, typer.Option(
+    "--dry-allowed-length", help="DRY: repeats this long or shorter are not penalized (default 2).",
+    rich_help_panel=SAMPLING)]
+DryPenaltyLastN = Annotated[int | None, typer.Option(
+    "--dry-penalty-last-n", help="DRY: the recent tokens it looks through (-1: the whole context).",
+    rich_help_panel=SAMPLING)]
 DrySequenceBreaker = Annotated[list[str] | None, typer.Option(
     "--dry-sequence-breaker", help="Repeatable; 'none' clears the defaults.",
     rich_help_panel=SAMPLING)]
-XtcProbability = Annotated[float | None, typer.Option("--xtc-probability",
-                                                         rich_help_panel=SAMPLING)]
-XtcThreshold = Annotated[float | None, typer.Option("--xtc-threshold", rich_help_panel=SAMPLING)]
+XtcProbability = Annotated[float | None, typer.Option(
+    "--xtc-probability", help="XTC: the chance, at each token, of leaving out the likeliest choices "
+    "(0: off).", rich_help_panel=SAMPLING)]
+XtcThreshold = Annotated[float | None, typer.Option(
+    "--xtc-threshold", help="XTC: choices at least this likely are left out, all but the least likely "
+    "of them (default 0.1).", rich_help_panel=SAMPLING)]
 LogitBias = Annotated[list[str] | None, typer.Option(
     "--logit-bias", help="TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf; repeatable.",
     rich_help_panel=SAMPLING)]
@@ -75,7 +84,9 @@ Stop = Annotated[list[str] | None, typer.Option(
     "--stop", help="Stop before this text (not printed); repeatable.", rich_help_panel=SAMPLING)]
 Grammar = Annotated[str | None, typer.Option("--grammar", help="A GBNF grammar the output must follow.",
                                                 rich_help_panel=SAMPLING)]
-GrammarFile = Annotated[Path | None, typer.Option("--grammar-file", rich_help_panel=SAMPLING)]
+GrammarFile = Annotated[Path | None, typer.Option(
+    "--grammar-file", help="A file holding the GBNF grammar the output must follow.",
+    rich_help_panel=SAMPLING)]
 JsonSchema = Annotated[str | None, typer.Option(
     "--json-schema", help="A JSON schema the output must follow: inline JSON or @file.",
     rich_help_panel=SAMPLING)]

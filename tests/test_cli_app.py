@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import click
 import pytest
 from conftest import assert_one_line_error, run_cli
 
@@ -19,6 +20,27 @@ def test_help_lists_every_command_in_order():
     assert r.returncode == 0, r.stderr
     listed = re.findall(r"^│ (\w+)\s", r.stdout, flags=re.M)
     assert listed == list(COMMANDS)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_argument_and_option_says_what_it_is(command):
+    """In `infer COMMAND --help` (click 8.5 dropped the help of Typer 0.25's arguments)."""
+    import typer
+
+    from infer.cli.app import build_app
+
+    group = typer.main.get_command(build_app(command))
+    commands = [group.commands[command]]
+    while hasattr(commands[-1], "commands") and len(commands) < 10:  # a group (infer cache): its commands
+        commands = [*commands[:-1], *commands[-1].commands.values()]
+    for cmd in commands:
+        silent = [p.name for p in cmd.params if p.name != "help" and not (p.help or "").strip()]
+        assert not silent, (cmd.name, silent)
+    shown = run_cli(command, "--help", env={"COLUMNS": "200"}).stdout
+    for cmd in commands:
+        for p in cmd.params:
+            if p.name != "help" and isinstance(p, click.Argument):
+                assert p.help.split(".")[0][:40] in shown, (p.name, shown)
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
