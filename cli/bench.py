@@ -86,10 +86,16 @@ def execute(flags: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{info['description']} · {info['params'] / 1e6:.0f}M params · "
-                        f"{info['threads']} threads")
+    # llama.cpp's description is "ARCH SIZE TYPE", its SIZE a guess from the layer count ("llama
+    # 256M" for a 135M model): the architecture and the type, with the real count of parameters.
+    arch, _, rest = info["description"].partition(" ")
+    kind = rest.partition(" ")[2] or rest
+    console = Console(highlight=False)
+    console.print(f"{info['model']} ({arch}, {kind}) · {info['params'] / 1e6:.0f}M parameters · "
+                  f"{info['threads']} threads")
+    table = Table()
     for col in ("test", "tokens/s"):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(r.test, f"{r.mean:.2f} ± {r.stdev:.2f}")
-    Console().print(table)
+    console.print(table)

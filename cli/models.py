@@ -163,8 +163,9 @@ def human_ago(t: float | None) -> str:
     if t is None:
         return "never"
     seconds = max(0, time.time() - t)
-    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds >= size:
-            return f"{seconds // size:.0f} {unit} ago"
+            n = int(seconds // size)
+            return f"{n} {unit}{'' if n == 1 else 's'} ago"
     return "just now"
 

@@ -142,3 +142,14 @@ def test_the_installed_command_finishes_everything_before_it_leaves(tiny_qwen, i
     assert json.loads(follow.stdout)["conversation"] == reply["conversation"]
     missing = call("run", str(infer_home / "missing.gguf"), "hi")
     assert missing.returncode == 3 and missing.stderr.count("\n") == 1, missing.stderr
+
+
+def test_times_ago_are_counted_in_words_that_agree():
+    import time
+
+    from infer.cli.models import human_ago
+
+    now = time.time()
+    assert [human_ago(now - s) for s in (5, 60, 150, 3600, 7300, 86400, 3 * 86400)] == [
+        "just now", "1 minute ago", "2 minutes ago", "1 hour ago", "2 hours ago", "1 day ago", "3 days ago"]
+    assert human_ago(None) == "never"

@@ -68,10 +68,12 @@ def test_bench_reports_prefill_and_decode_speed(tiny_spm):
         assert row["mean_tps"] > 0
 
 
-def test_bench_table_on_stdout(tiny_spm):
-    r = run_cli("bench", tiny_spm, "-p", "16", "-n", "4", "-r", "1")
+def test_bench_table_on_stdout(smollm2):
+    r = run_cli("bench", "smollm2", "-p", "16", "-n", "4", "-r", "1", "-t", "2", env={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     assert "pp16" in r.stdout and "tg4" in r.stdout and "±" in r.stdout
+    # One line names the model with its real size (llama.cpp's description guesses "256M").
+    assert r.stdout.splitlines()[0] == "smollm2 (llama, Q4_1) · 135M parameters · 2 threads", r.stdout
 
 
 def test_ctrl_c_aborts_a_running_prefill_and_the_session_recovers(tiny_qwen):
