@@ -26,6 +26,7 @@ from infer.cli.flags import (
     log_to_stderr,
     model_context_params,
     model_sampling_defaults,
+    record_run,
     resolve,
     sampling_overrides,
     spec_params,
@@ -111,8 +112,10 @@ def execute(flags: Mapping[str, Any]) -> int:
         return 0
     items = _items(flags)
     resolved = resolve(flags)
-    return _write_results(flags, items, lambda todo, out: _run(flags, resolved, todo, overrides, speculation,
+    code = _write_results(flags, items, lambda todo, out: _run(flags, resolved, todo, overrides, speculation,
                                                                out))
+    record_run(resolved)
+    return code
 
 
 def _items(flags: Mapping[str, Any]) -> list[Item]:

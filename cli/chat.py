@@ -24,6 +24,7 @@ from infer.cli.flags import (
     log_to_stderr,
     model_context_params,
     model_sampling_defaults,
+    record_run,
     resolve,
     sampling_overrides,
     spec_params,
@@ -143,6 +144,7 @@ class _Loaded:
         from infer.cli.speculation import attach
 
         session = Session.open(resolved.path, placed.params, devices=placed.handles)
+        record_run(resolved)
         try:
             attach(flags, session, placed)
         except BaseException:

@@ -48,6 +48,14 @@ def resolve(flags: Mapping[str, Any]) -> Any:
                              notice=notice)
 
 
+def record_run(resolved: Any) -> None:
+    """For `infer list`'s LAST USED: a model it lists (from the Hub or a package) ran now."""
+    if resolved.repo is not None or resolved.package is not None:
+        from infer.quant.store import record_use
+
+        record_use(resolved.path)
+
+
 def read_text_file(path: str | Path, what: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:

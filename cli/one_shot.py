@@ -16,6 +16,7 @@ from infer.cli.flags import (
     model_context_params,
     model_sampling_defaults,
     read_text_file,
+    record_run,
     resolve,
     sampling_overrides,
     spec_params,
@@ -111,10 +112,7 @@ def execute(flags: Mapping[str, Any]) -> None:
         completion = _generate_cached(session, prompt.tokens, params, cache, name=resolved.reference,
                                       preamble=preamble, continuing=continuing,
                                       stream=not flags["json_output"])
-    if resolved.repo is not None or resolved.package is not None:
-        from infer.quant.store import record_use
-
-        record_use(resolved.path)
+    record_run(resolved)
     _report(flags, resolved.reference, completion, record)
 
 

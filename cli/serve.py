@@ -25,6 +25,7 @@ from infer.cli.flags import (
     log_to_stderr,
     model_sampling_defaults,
     read_text_file,
+    record_run,
     resolve,
     sampling_overrides,
     spec_params,
@@ -236,4 +237,5 @@ def _open_model(flags: Mapping[str, Any], name: str) -> Any:
     placed, parallel = place_slots(flags, resolved)
     params = placed.params
     model = Model.load(resolved.path, params, devices=placed.handles)
+    record_run(resolved)  # (and again when it is unloaded: server/models.py)
     return Opened(model, params, parallel, model_sampling_defaults(model, resolved.entry))

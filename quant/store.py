@@ -37,11 +37,12 @@ class LocalModel:
         return self.files[0]
 
 
-def record_use(path: Path) -> None:
-    """Remember that the model at `path` ran now (for `infer list`); never fails a run."""
+def record_use(path: Path, at: float | None = None) -> None:
+    """Remember that the model at `path` ran now, or at time `at` (for `infer list`); never
+    fails a run."""
     usage_path = infer_home() / _USAGE_NAME
     usage = _read_usage(usage_path)
-    usage[str(path)] = time.time()
+    usage[str(path)] = time.time() if at is None else at
     with contextlib.suppress(OSError):
         write_atomic(usage_path, json.dumps(usage).encode())
 

@@ -114,7 +114,16 @@ class ModelPool:
         if self.loaded.get(served.name) is served:
             del self.loaded[served.name]
         await asyncio.to_thread(served.engine.close, grace_s)
+        self._record_use(served)
         served.model.close()
+
+    @staticmethod
+    def _record_use(served: Served) -> None:
+        """`infer list`'s LAST USED: when the model last served a request."""
+        from infer.quant.store import record_use
+
+        idle_s = time.monotonic() - served.engine.last_used
+        record_use(served.model.path, at=time.time() - idle_s)
 
     async def reap(self, every_s: float = 1.0) -> None:
         """Unload models idle for longer than keep_alive, until cancelled."""

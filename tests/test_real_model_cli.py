@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jsonschema
@@ -180,3 +181,27 @@ def test_json_schema_output_parses_and_validates(smollm2, name):
     result = json.loads(r.stdout)
     assert result["finish_reason"] == "eos", result  # the grammar closed the document
     jsonschema.validate(json.loads(result["text"]), schema)
+
+
+def test_list_says_when_batch_and_serve_last_ran_a_model(smollm2, infer_home):
+    import httpx
+    from serve_helpers import Server
+
+    def last_used() -> float | None:
+        rows = json.loads(run_cli("list", "--json").stdout)
+        return next(r["last_used"] for r in rows if r["alias"] == "smollm2:135m")
+
+    assert last_used() is None
+    assert run_cli("batch", "smollm2", "--lines", "-n", "1", input="hi\n").returncode == 0
+    after_batch = last_used()
+    assert after_batch is not None
+    server = Server("smollm2", "-c", "1024", "-np", "1", home=infer_home)
+    try:
+        time.sleep(0.05)
+        asked = time.time()
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+    served = last_used()
+    assert served is not None and served > after_batch and served >= asked - 1
