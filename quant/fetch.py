@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infer.quant import hub
 from infer.quant.quants import choose, group_by_quant
-from infer.runtime.errors import ModelError
+from infer.runtime.errors import ModelError, NetworkError
 
 
 class CheckpointOnlyError(ModelError):
@@ -32,13 +32,16 @@ def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False,
         return cached
     if _checkpoint_cached(repo):  # a safetensors repo fetched before for conversion
         raise CheckpointOnlyError(repo)
-    files = hub.list_files(repo, offline=offline)
+    files = hub.list_files(repo, offline=offline, wanted=f"its {quant} GGUF" if quant else "a GGUF file")
     by_path = {f.path: f for f in files}
     groups = group_by_quant(list(by_path))
     if not groups:
         if any(f.path.endswith(".safetensors") for f in files):
             raise CheckpointOnlyError(repo)
         raise ModelError(f"{repo} has no GGUF files")
+    if offline and quant and quant.upper() not in groups:  # (the cache holds other quants)
+        raise NetworkError(f"{repo}: its {quant} GGUF is not in the Hugging Face cache (it holds "
+                           f"{', '.join(sorted(groups))}) and {hub.OFFLINE_HINT}")
     chosen = choose(groups, quant, repo=repo)
     paths = hub.download(repo, [by_path.get(p, hub.RepoFile(p)) for p in chosen.files],
                          offline=offline,

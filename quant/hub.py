@@ -56,13 +56,17 @@ def cached_files(repo: str) -> dict[str, Path]:
             for p in sorted(snapshot.rglob("*")) if p.is_file()}
 
 
-def list_files(repo: str, *, offline: bool) -> list[RepoFile]:
-    """The files of `repo` at its main revision: from the Hub, or from the cache when offline."""
+OFFLINE_HINT = "infer is offline (unset HF_HUB_OFFLINE or drop --offline to download it)"
+
+
+def list_files(repo: str, *, offline: bool, wanted: str | None = None) -> list[RepoFile]:
+    """The files of `repo` at its main revision: from the Hub, or from the cache when offline
+    (`wanted`: what the caller looks for, named in the error of an offline miss)."""
     if offline:
         cached = cached_files(repo)
         if not cached:
-            raise NetworkError(f"{repo} is not in the Hugging Face cache and infer is offline "
-                               "(unset HF_HUB_OFFLINE or drop --offline to download it)")
+            what = f"{repo} ({wanted})" if wanted else repo
+            raise NetworkError(f"{what} is not in the Hugging Face cache and {OFFLINE_HINT}")
         return [RepoFile(path) for path in cached]
     from huggingface_hub import HfApi
 
@@ -86,8 +90,7 @@ def download(repo: str, files: list[RepoFile], *, offline: bool,
             paths.append(Path(cached))
             continue
         if offline:
-            raise NetworkError(f"{repo}: {f.path} is not in the Hugging Face cache and infer is "
-                               "offline (unset HF_HUB_OFFLINE or drop --offline to download it)")
+            raise NetworkError(f"{repo}: {f.path} is not in the Hugging Face cache and {OFFLINE_HINT}")
         # One download per file even when several infer processes ask at once: the
         # others wait here, then find the file in the cache.
         with _download_lock(repo, f.path):

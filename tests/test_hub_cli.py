@@ -104,7 +104,11 @@ def test_gated_repo_needs_a_token(hub, tiny_spm):
 
 def test_offline_miss_names_what_is_missing(hub):
     assert_one_line_error(run_cli("pull", f"{REPO}:Q8_0", "--offline"), 4,
-                          REPO, "not in the Hugging Face cache")
+                          f"{REPO} (its Q8_0 GGUF) is not in the Hugging Face cache")
+    assert run_cli("pull", f"{REPO}:Q4_K_M").returncode == 0
+    # Another quant of a cached repository: named, with the ones the cache holds.
+    assert_one_line_error(run_cli("pull", f"{REPO}:Q8_0", "--offline"), 4,
+                          f"{REPO}: its Q8_0 GGUF is not in the Hugging Face cache (it holds Q4_K_M)")
 
 
 def test_interrupted_download_leaves_no_partial_file_and_a_rerun_completes(hub, tmp_path):
