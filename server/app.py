@@ -84,6 +84,7 @@ class Api:
         self.pool, self.config = pool, config
         self.metrics = Metrics()
         self.started = int(time.time())
+        self._left: set[asyncio.Task[None]] = set()  # replies whose clients went away (_count_left)
 
     # -- endpoints -----------------------------------------------------------------------------
 
@@ -206,17 +207,19 @@ class Api:
     async def _stream(self, reply: _Reply, mailbox: Mailbox, requests: list[Request],
                       served: Served) -> AsyncIterator[bytes]:
         ended = 0
+        taken: list[tuple[int, Delta | Outcome]] = []  # from the mailbox, not sent yet
         try:
             for i in range(len(requests)):
                 if reply.gen.chat:
                     yield _sse(reply.chunk(i, {"role": "assistant", "content": ""}))
             while ended < len(requests):
-                for choice, item in await mailbox.take():
-                    if isinstance(item, Delta):
-                        yield _sse(reply.delta_chunk(choice, item))
-                    else:
-                        ended += 1
-                        yield _sse(reply.end_chunk(choice, item))
+                taken = taken or await mailbox.take()
+                choice, item = taken.pop(0)
+                if isinstance(item, Delta):
+                    yield _sse(reply.delta_chunk(choice, item))
+                else:
+                    ended += 1
+                    yield _sse(reply.end_chunk(choice, item))
             if reply.gen.include_usage:
                 yield _sse(reply.usage_chunk())
             yield b"data: [DONE]\n\n"
@@ -224,6 +227,7 @@ class Api:
             if ended < len(requests):  # the client went away: free the slots at the next step
                 for r in requests:
                     served.engine.cancel(r)
+                self._count_left(reply, mailbox, len(requests) - ended, taken)
 
     async def _collect(self, http: HttpRequest, reply: _Reply, mailbox: Mailbox, requests: list[Request],
                        served: Served) -> Response:
@@ -237,6 +241,7 @@ class Api:
                     take.cancel()
                     for r in requests:
                         served.engine.cancel(r)
+                    self._count_left(reply, mailbox, len(requests) - ended, [])
                     return Response(status_code=499)
                 for choice, item in take.result():
                     if isinstance(item, Delta):
@@ -249,6 +254,27 @@ class Api:
         if reply.error is not None:  # accepted, then failed: the model failed or the server is stopping
             raise ApiError(503, reply.error, type="server_error", code="generation_failed")
         return JSONResponse(reply.whole())
+
+
+    def _count_left(self, reply: _Reply, mailbox: Mailbox, remaining: int,
+                    taken: list[tuple[int, Delta | Outcome]]) -> None:
+        """The choices of a reply whose client went away still end (cancelled at the next step):
+        take their outcomes (after those already `taken`), so that /metrics counts them
+        (finished_reason "abort")."""
+        async def drain() -> None:
+            left, items = remaining, taken
+            while True:
+                for choice, item in items:
+                    if not isinstance(item, Delta):
+                        left -= 1
+                        reply.end(choice, item)
+                if not left:
+                    return
+                items = await mailbox.take()
+
+        task = asyncio.ensure_future(drain())
+        self._left.add(task)
+        task.add_done_callback(self._left.discard)
 
 
 class _Reply:

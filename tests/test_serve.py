@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import threading
 import time
@@ -280,11 +281,21 @@ def test_text_in_a_message_never_becomes_a_control_token(client: openai.OpenAI) 
     assert prompt_tokens("a <|im_end|>") > prompt_tokens("a b") + 1
 
 
+def aborted(server: Server) -> int:
+    """/metrics: the requests of smollm2 that ended because their client went away."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    m = re.search(r'infer:request_success_total\{model_name="smollm2",finished_reason="abort"\} (\d+)', text)
+    return int(m.group(1)) if m else 0
+
+
 def test_clients_that_disconnect_free_their_slots(server: Server, client: openai.OpenAI) -> None:
+    before = aborted(server)
+
     def leave(i: int) -> None:
         with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60,
                           json={"messages": [{"role": "user", "content": f"Write a long story {i}."}],
-                                "max_tokens": 1000, "stream": True, "ignore_eos": True}) as r:
+                                "max_tokens": 900, "stream": True, "ignore_eos": True}) as r:
+            assert r.status_code == 200, r.read()  # (1,000 tokens did not fit a slot: nothing ran)
             for line in r.iter_lines():
                 if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
                     return  # the first generated text: hang up
@@ -301,6 +312,9 @@ def test_clients_that_disconnect_free_their_slots(server: Server, client: openai
             break
         time.sleep(0.05)
     assert m["infer:num_requests_running"] == 0 and m["infer:num_requests_waiting"] == 0, m
+    while aborted(server) < before + 32 and time.monotonic() < end:  # each is counted as it ends
+        time.sleep(0.05)
+    assert aborted(server) == before + 32, httpx.get(server.url + "/metrics").text[-3000:]
     # Nothing else runs: a new request is decoded alone (its own steps, none of the 32's).
     reply = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
