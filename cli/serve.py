@@ -135,14 +135,17 @@ def execute(flags: Mapping[str, Any]) -> None:
     sys.stderr.write(f"infer: serving on http://{_url_host(host)}:{port}/v1{also} (Ctrl-C stops)\n")
     sys.stderr.flush()
     try:
-        serve_forever([sock] if local is None else [sock, local], lambda name: _open_model(flags, name),
-                      default=flags["model"], listing=_local_names, config=config,
-                      max_models=flags["max_models"], keep_alive_s=keep_alive, max_waiting=flags["queue"],
-                      speculation=speculation, prompt_cache=cache, verbose=flags["verbose"])
+        stopped = serve_forever(
+            [sock] if local is None else [sock, local], lambda name: _open_model(flags, name),
+            default=flags["model"], listing=_local_names, config=config, max_models=flags["max_models"],
+            keep_alive_s=keep_alive, max_waiting=flags["queue"], speculation=speculation,
+            prompt_cache=cache, verbose=flags["verbose"])
     finally:
         if local is not None:  # (uvicorn closes the sockets it was given but leaves their files)
             with contextlib.suppress(OSError):
                 os.unlink(local_path)
+    if stopped is not None:
+        sys.stderr.write(f"infer: {stopped.line()}\n")
 
 
 def _api_key(flags: Mapping[str, Any]) -> str | None:

@@ -62,11 +62,18 @@ class Engine:
         self.max_waiting = max_waiting
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._waiting: deque[Job] = deque()
+        # Counted under the lock, and moved from one to the other in one step, so that a reader
+        # never sees a request in neither (a stop report, or the pool asking whether it is idle).
         self._pending = 0  # submitted, not yet in a slot (the inbox and the waiting line)
+        self._admitted = 0  # in a slot, its outcome not yet delivered
         self._lock = threading.Lock()
         self._jobs: dict[int, Job] = {}  # running, by id of their request
         self._closing = False
         self._deadline: float | None = None
+        # What a shutdown ended: running requests cut at the end of the grace period, and
+        # waiting ones refused.
+        self.cut_off = 0
+        self.refused = 0
         self.last_used = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="infer-engine", daemon=True)
         self._thread.start()
@@ -84,7 +91,7 @@ class Engine:
 
     @property
     def running(self) -> int:
-        return self.scheduler.running
+        return self._admitted
 
     @property
     def kv_usage(self) -> float:
@@ -131,7 +138,8 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return not self._pending and not self.scheduler.running
+        with self._lock:
+            return not self._pending and not self._admitted
 
     # -- the engine's thread ------------------------------------------------------------------
 
@@ -148,6 +156,7 @@ class Engine:
                     return
                 if self._deadline is not None and time.monotonic() >= self._deadline:
                     for job in self._jobs.values():
+                        self.cut_off += not job.request.cancelled
                         job.request.cancelled = True
             self._admit()
             if not self.scheduler.running:
@@ -162,6 +171,8 @@ class Engine:
             for outcome in outcomes:
                 assert outcome.request is not None
                 self._deliver(self._jobs.pop(id(outcome.request)), outcome)
+                with self._lock:  # (after its caller heard: never idle before that)
+                    self._admitted -= 1
 
     def _take_inbox(self, *, block: bool) -> None:
         try:
@@ -184,16 +195,20 @@ class Engine:
             job = self._waiting.popleft()
             request = job.request
             if request.cancelled:
-                self._unqueue()
                 self._deliver(job, Outcome(request.key, error="cancelled", request=request))
+                self._unqueue()
                 continue
             if self.scheduler.waits_for_prefill(request.tokens):
                 skipped.append(job)
                 continue
-            self._unqueue()
+            with self._lock:
+                self._pending -= 1
+                self._admitted += 1
             error = self.scheduler.add(request)
             if error is not None:
                 self._deliver(job, error)
+                with self._lock:
+                    self._admitted -= 1
             else:
                 self._jobs[id(request)] = job
         self._waiting.extendleft(reversed(skipped))
@@ -205,9 +220,10 @@ class Engine:
     def _refuse_waiting(self) -> None:
         while self._waiting:
             job = self._waiting.popleft()
-            self._unqueue()
+            self.refused += 1
             self._deliver(job, Outcome(job.request.key, error="the server is shutting down",
                                        request=job.request))
+            self._unqueue()
 
     def _fail_running(self, message: str) -> list[Outcome]:
         self.scheduler.abort()

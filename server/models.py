@@ -46,6 +46,26 @@ class Served:
         return self.opened.model
 
 
+@dataclass
+class StopReport:
+    """What the server was doing when it was asked to stop, and what the stop ended."""
+
+    why: str  # "SIGTERM", "SIGINT"...
+    grace_s: float
+    running: int
+    waiting: int
+    cut_off: int = 0  # running requests ended at the end of the grace period
+    refused: int = 0  # waiting requests ended unstarted
+
+    def line(self) -> str:
+        doing = (f"{self.running} request{'s' * (self.running != 1)} running, {self.waiting} waiting"
+                 if self.running or self.waiting else "idle")
+        finished = self.running - self.cut_off
+        ended = (f"; {finished} finished in the {self.grace_s:g} s grace period, {self.cut_off} cut off, "
+                 f"{self.refused} refused" if self.running or self.waiting else "")
+        return f"stopped ({self.why or 'asked'}) while {doing}{ended}"
+
+
 class ModelPool:
     def __init__(self, open_model: Callable[[str], Opened], *, default: str | None,
                  listing: Callable[[], list[str]], max_models: int = 1, keep_alive_s: float | None = 300.0,
@@ -58,6 +78,7 @@ class ModelPool:
         self.loading: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+        self.stop: StopReport | None = None  # what a stop found and ended (begin_close, close)
 
     def name_for(self, requested: str | None) -> str:
         """The model a request names (the default one when it names none)."""
@@ -145,17 +166,25 @@ class ModelPool:
                 names.append(name)
         return names
 
-    def begin_close(self, grace_s: float) -> None:
+    def begin_close(self, grace_s: float, why: str = "") -> None:
         """Start winding down (from a signal handler): no new models or requests; running
         requests end within `grace_s` seconds."""
         self._closed = True
+        if self.stop is None:
+            engines = [s.engine for s in self.loaded.values()]
+            self.stop = StopReport(why, grace_s, running=sum(e.running for e in engines),
+                                   waiting=sum(e.waiting for e in engines))
         for served in self.loaded.values():
             served.engine.shutdown(grace_s)
 
     async def close(self, grace_s: float) -> None:
         """Unload everything; running requests get up to `grace_s` seconds to finish."""
         self._closed = True
-        await asyncio.gather(*(self.unload(s, grace_s) for s in list(self.loaded.values())))
+        served = list(self.loaded.values())
+        await asyncio.gather(*(self.unload(s, grace_s) for s in served))
+        if self.stop is not None:
+            self.stop.cut_off = sum(s.engine.cut_off for s in served)
+            self.stop.refused = sum(s.engine.refused for s in served)
 
 
 def _is_path(name: str) -> bool:

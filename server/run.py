@@ -20,7 +20,7 @@ from infer.runtime.log import logger
 from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.speculative import SpecParams
 from infer.server.app import Config, create_app
-from infer.server.models import ModelPool, Opened
+from infer.server.models import ModelPool, Opened, StopReport
 
 log = logger("infer.server")
 
@@ -29,7 +29,8 @@ def serve_forever(sockets: list[socket.socket], open_model: Callable[[str], Open
                   listing: Callable[[], list[str]], config: Config, max_models: int = 1,
                   keep_alive_s: float | None = 300.0, max_waiting: int = 256,
                   speculation: SpecParams | None = None, prompt_cache: PromptCache | None = None,
-                  verbose: bool = False) -> None:
+                  verbose: bool = False) -> StopReport | None:
+    """Serve until a stop is asked for; what the server was doing then and what it ended."""
     import uvicorn
 
     pool = ModelPool(open_model, default=default, listing=listing, max_models=max_models,
@@ -39,19 +40,24 @@ def serve_forever(sockets: list[socket.socket], open_model: Callable[[str], Open
     server = _Server(uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
                                     timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5,
                                     timeout_keep_alive=30, lifespan="on"),
-                     on_exit=lambda: pool.begin_close(config.shutdown_grace_s))
+                     on_exit=lambda why: pool.begin_close(config.shutdown_grace_s, why))
     server.run(sockets=sockets)
+    return pool.stop
 
 
 class _Server:
     """uvicorn's server, telling the engines to wind down as soon as a stop is asked for."""
 
-    def __new__(cls, config: Any, on_exit: Callable[[], None]) -> Any:
+    def __new__(cls, config: Any, on_exit: Callable[[str], None]) -> Any:
         import uvicorn
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
-                on_exit()
+                try:
+                    why = signal.Signals(sig).name
+                except ValueError:
+                    why = f"signal {sig}"
+                on_exit(why)
                 super().handle_exit(sig, frame)
 
             @contextlib.contextmanager

@@ -63,3 +63,27 @@ def test_a_request_after_shutdown_is_refused(model):
     closer.start()
     closer.join(10)
     assert not closer.is_alive()
+
+
+def test_a_request_is_counted_from_submit_to_outcome_even_while_it_is_being_admitted(model):
+    """Between leaving the waiting line and taking its slot a request was in neither count:
+    a stop then reported the server "idle" while it ran, and the model pool could unload a
+    model it had just handed a request. Admission is slowed here to open that moment wide."""
+    engine = Engine(model, ContextParams(n_ctx=512, n_threads=2), parallel=1)
+    add = engine.scheduler.add
+
+    def slow_add(request):
+        time.sleep(0.3)
+        return add(request)
+
+    engine.scheduler.add = slow_add
+    done = threading.Event()
+    tokens = model.tokenize("Once upon a time", add_special=True, parse_special=False)
+    engine.submit(Request(0, tokens, SamplingParams(temperature=0, max_tokens=4)), lambda o: done.set())
+    seen = set()
+    while not done.is_set():
+        seen.add((engine.running, engine.waiting, engine.idle))
+        time.sleep(0.002)
+    engine.close()
+    assert all(running + waiting == 1 and not idle for running, waiting, idle in seen), seen
+    assert (1, 0, False) in seen and engine.idle

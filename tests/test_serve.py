@@ -422,6 +422,8 @@ def test_sigterm_ends_running_streams_cleanly_and_exits_0(tmp_path: Path) -> Non
     assert data[-1] == "data: [DONE]"
     assert json.loads(data[-2][6:])["choices"][0]["finish_reason"] == "length"
     assert "Traceback" not in "".join(server.log)
+    assert server.log[-1] == ("infer: stopped (SIGTERM) while 1 request running, 0 waiting; 0 finished in the "
+                              "5 s grace period, 1 cut off, 0 refused\n"), server.log
 
 
 def test_models_load_on_first_use_and_unload_when_idle_or_least_recently_used(tmp_path: Path) -> None:
