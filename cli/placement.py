@@ -123,6 +123,7 @@ def place(path: Path, cparams: ContextParams) -> Placed:
     largest that does; the default context is shrunk instead.
     """
     from infer.runtime import ggml
+    from infer.runtime.llama import flash_attention
 
     workers = ggml.add_workers(list(cparams.rpc)) if cparams.rpc else []
     if workers:
@@ -133,7 +134,8 @@ def place(path: Path, cparams: ContextParams) -> Placed:
     except LayoutError as e:  # let llama.cpp load it (and say what is wrong with it)
         return Placed(cparams, offload, None, None, unplanned=e)
     n_ctx = cparams.resolved_n_ctx(layout.n_ctx_train)
-    flash = cparams.flash_attn == "on" or (cparams.flash_attn == "auto" and bool(offload))
+    local_gpu = cparams.n_gpu_layers != 0 and any(not d.remote for d in offload)
+    flash = flash_attention(cparams, local_gpu) == "on"
     shape = ContextShape(n_ctx=n_ctx, n_ubatch=min(cparams.n_ubatch, cparams.n_batch),
                          n_seq_max=cparams.n_seq_max, type_k=cparams.cache_type_k,
                          type_v=cparams.cache_type_v, flash_attn=flash)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -103,6 +104,12 @@ def devices() -> list[Device]:
     """Every local device, with its memory as the backend reports it now."""
     lib = _lib()
     return [_device(lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())]
+
+
+def device_names_of_local_gpus(handles: Sequence[int]) -> set[str]:
+    """The names of the devices among ``handles`` that are GPUs of this machine (not remote)."""
+    named = [_device(h) for h in handles]
+    return {d.name for d in named if d.offloads and not d.remote}
 
 
 def device_by_name(name: str) -> Device:

@@ -203,7 +203,6 @@ class Model:
         if not devices:
             n_gpu_layers = 0
         mparams.n_gpu_layers = -1 if n_gpu_layers is None else n_gpu_layers
-        self.on_cpu = n_gpu_layers == 0
         self._devices = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
         mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         if tensor_split:
@@ -226,6 +225,11 @@ class Model:
             reason = take_errors().split("error loading model: ")[-1].split(" llama_model_load")[0]
             raise ModelError(f"{self.path}: llama.cpp could not load the model: "
                              f"{reason or 'unsupported or corrupt (run with -v for details)'}")
+        # Whether a GPU of this machine holds layers (not the CPU, not a remote worker's
+        # device): what flash attention's "auto" turns on for (flash_attention).
+        local_gpus = _local_gpu_names(devices) if n_gpu_layers != 0 else set()
+        self.local_gpu = (any(name in local_gpus for name in self.placement.values()) if self.placement
+                          else bool(local_gpus))
         self.vocab = C.llama_model_get_vocab(self._ptr)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = C.llama_model_n_ctx_train(self._ptr)
@@ -374,21 +378,43 @@ def _use_extra_buffers(wanted: bool) -> bool:
     return False
 
 
-def flash_attention(params: ContextParams, on_cpu: bool) -> str:
-    """The flash-attention setting to ask llama.cpp for.
+def _local_gpu_names(handles: Sequence[int]) -> set[str]:
+    from infer.runtime.ggml import device_names_of_local_gpus
 
-    "auto" is "off" for a model that runs on the CPU alone (llama.cpp would turn it
-    on): on the CPU, flash attention makes a short prefill over a long context about
-    twice as slow and decoding there slower too (benchmarks/README.md, "Chat"), and
-    gains nothing on long prefills. A quantized V cache needs it, so it stays on there.
+    return device_names_of_local_gpus(handles)
+
+
+def flash_attention(params: ContextParams, local_gpu: bool) -> str:
+    """The flash-attention setting to ask llama.cpp for: "on" or "off", never llama.cpp's
+    own "auto", so that the same flags give the same numbers wherever the layers run.
+
+    "auto" is on where a GPU of this machine holds layers, and off where the layers run on
+    the CPU, here or on remote workers (llama.cpp's "auto" turns it on for any device that
+    reports itself a GPU, remote workers included, so a run through loopback workers printed
+    another text than the same run here). On the CPU, flash attention makes a short prefill
+    over a long context about twice as slow and decoding slower too (benchmarks/README.md,
+    "Chat"), and gains nothing on long prefills. A quantized V cache needs it: on there.
     """
-    if params.flash_attn == "auto" and on_cpu and params.cache_type_v in ("f16", "f32", "bf16"):
-        return "off"
-    return params.flash_attn
+    if params.flash_attn != "auto":
+        return params.flash_attn
+    quantized_v = params.cache_type_v not in ("f16", "f32", "bf16")
+    return "on" if local_gpu or quantized_v else "off"
+
+
+def flash_attention_reason(params: ContextParams, local_gpu: bool) -> str:
+    """Why "auto" chose what it did, for -v."""
+    if params.flash_attn != "auto":
+        return f"-fa {params.flash_attn}"
+    if params.cache_type_v not in ("f16", "f32", "bf16"):
+        return f"auto: the {params.cache_type_v} V cache needs it"
+    return ("auto: a GPU of this machine holds layers" if local_gpu
+            else "auto: the layers run on the CPU, here or on workers; -fa on turns it on")
 
 
 class Context:
     """An inference context: the KV cache and compute buffers for one model."""
+
+    _said_flash = False  # -v says once per process which flash attention "auto" chose
 
     def __init__(self, model: Model, params: ContextParams) -> None:
         self.model = model
@@ -406,7 +432,10 @@ class Context:
         threads = params.n_threads or physical_cores()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
-        self.flash_attn = flash_attention(params, model.on_cpu)
+        self.flash_attn = flash_attention(params, model.local_gpu)
+        if not Context._said_flash:
+            Context._said_flash = True
+            log.info("flash attention: %s (%s)", self.flash_attn, flash_attention_reason(params, model.local_gpu))
         cp.flash_attn_type = _FLASH_ATTN[self.flash_attn]
         cp.type_k = _KV_CACHE_TYPES[params.cache_type_k]
         cp.type_v = _KV_CACHE_TYPES[params.cache_type_v]

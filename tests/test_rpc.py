@@ -153,3 +153,34 @@ def test_worker_warns_off_loopback_and_refuses_a_busy_port():
             proc.kill()
             pytest.fail("infer worker did not stop on Ctrl-C")
     assert proc.returncode == 130
+
+
+def test_run_serve_and_workers_give_the_same_greedy_text_on_the_embedded_model(smollm2, tmp_path):
+    """One rule for flash attention wherever the layers run: llama.cpp's own "auto" turned it
+    on for loopback workers (they report themselves GPUs) and off here, so the same greedy
+    run printed two texts (with -fa on, this prompt's text parts from -fa off's). Served, the
+    first request prefills its prompt as one batch as `infer run --no-cache` does. Speculation
+    is off on every side: its guesses depend on a cost measured on each side, and a step that
+    verifies guesses rounds otherwise than a step of one token (tests/real_model.py)."""
+    import httpx
+    from serve_helpers import Server
+
+    prompt, n = "Once upon a time", 48
+    args = ["run", smollm2, "-n", str(n), "--temp", "0", "--no-cache", "--spec-type", "none", prompt]
+    local = run_cli(*args, "-v")
+    assert local.returncode == 0, local.stderr
+    assert "flash attention: off (auto" in local.stderr
+    with workers(2) as endpoints:
+        remote = run_cli(*args, "--rpc", ",".join(endpoints), "-v", timeout=300)
+    assert remote.returncode == 0, remote.stderr
+    assert "flash attention: off (auto" in remote.stderr
+    server = Server(str(smollm2), "-np", "1", "--spec-type", "none", home=tmp_path / "home")
+    try:
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0})
+        assert r.status_code == 200, r.text
+        served = r.json()["choices"][0]["message"]["content"]
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+    assert remote.stdout == local.stdout
+    assert served == local.stdout.rstrip("\n")

@@ -100,11 +100,13 @@ def test_ctrl_c_aborts_a_running_prefill_and_the_session_recovers(tiny_qwen):
         assert done.usage.completion_tokens == 12
 
 
-def test_flash_attention_auto_is_off_on_the_cpu_unless_the_v_cache_is_quantized():
+def test_flash_attention_auto_is_on_only_where_a_local_gpu_holds_layers_or_the_v_cache_is_quantized():
     from infer.runtime.llama import flash_attention
     from infer.runtime.params import ContextParams
 
-    assert flash_attention(ContextParams(), on_cpu=True) == "off"
-    assert flash_attention(ContextParams(), on_cpu=False) == "auto"
-    assert flash_attention(ContextParams(flash_attn="on"), on_cpu=True) == "on"
-    assert flash_attention(ContextParams(cache_type_v="q8_0"), on_cpu=True) == "auto"
+    # never llama.cpp's own "auto", which turns it on for remote CPU workers too
+    assert flash_attention(ContextParams(), local_gpu=False) == "off"
+    assert flash_attention(ContextParams(), local_gpu=True) == "on"
+    assert flash_attention(ContextParams(flash_attn="on"), local_gpu=False) == "on"
+    assert flash_attention(ContextParams(flash_attn="off"), local_gpu=True) == "off"
+    assert flash_attention(ContextParams(cache_type_v="q8_0"), local_gpu=False) == "on"
