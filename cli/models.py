@@ -34,12 +34,22 @@ def _pull(flags: Mapping[str, Any]) -> None:
     sys.stdout.write(f"{resolved.path}\n")
 
 
-def list_models(ctx: typer.Context, json_output: JsonFlag = False) -> None:
-    """List the models in the Hugging Face cache and those installed packages carry."""
+Catalog = Annotated[bool, typer.Option(
+    "--catalog", help="List every alias instead (shipped and from your models.toml): its quant, its "
+    "size (from the Hub for one not downloaded) and whether it is here.")]
+
+
+def list_models(ctx: typer.Context, json_output: JsonFlag = False, catalog: Catalog = False,
+                offline: o.Offline = False) -> None:
+    """List the models in the Hugging Face cache and those installed packages carry (--catalog:
+    every alias infer knows)."""
     shielded(_list, ctx.params)
 
 
 def _list(flags: Mapping[str, Any]) -> None:
+    if flags["catalog"]:
+        _list_catalog(flags)
+        return
     from infer.quant.store import cached_models, embedded_models
 
     models = embedded_models() + cached_models()
@@ -64,6 +74,30 @@ def _list(flags: Mapping[str, Any]) -> None:
         table.add_row(name, m.path.name + parts, m.quant, human_size(m.size), human_ago(m.last_used),
                       where)
     print_table(table)
+
+
+def _list_catalog(flags: Mapping[str, Any]) -> None:
+    from infer.quant.library import library
+
+    found = library(offline=flags["offline"])
+    if flags["json_output"]:
+        rows = [{"alias": r.alias, "other_names": list(r.other_names), "repo": r.repo, "quant": r.quant,
+                 "size": r.size, "downloaded": r.here is not None, "where": r.here,
+                 "description": r.description, "user": r.user} for r in found.rows]
+        sys.stdout.write(json.dumps(rows) + "\n")
+    else:
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False)
+        for column in ("MODEL", "QUANT", "SIZE", "HERE", "DESCRIPTION"):
+            table.add_column(column, no_wrap=column != "DESCRIPTION")
+        for r in found.rows:
+            names = r.alias + (f" ({', '.join(r.other_names)})" if r.other_names else "")
+            table.add_row(names, r.quant, "?" if r.size is None else human_size(r.size),
+                          r.here or "-", r.description + (" [your models.toml]" if r.user else ""))
+        print_table(table)
+    if found.error:
+        sys.stderr.write(f"infer: {found.error}\n")
 
 
 def show(ctx: typer.Context, model: ModelArg, json_output: JsonFlag = False,

@@ -56,6 +56,7 @@ class CatalogEntry:
     sampling: dict[str, float | int] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()  # other names for this entry, e.g. "smollm2" for "smollm2:135m"
     embedded: Embedded | None = None  # a package that carries the file, used before the Hub
+    origin: Path = SHIPPED  # the file that defines it (the user's, where it adds or changes it)
 
 
 def user_catalog_path() -> Path:
@@ -139,7 +140,7 @@ def _entry(alias: str, fields: dict[str, Any], origin: Path) -> CatalogEntry:
     fields["aliases"] = tuple(fields.get("aliases", ()))
     if "embedded" in fields:
         fields["embedded"] = Embedded(**fields["embedded"])
-    return CatalogEntry(alias=alias, **fields)
+    return CatalogEntry(alias=alias, origin=origin, **fields)
 
 
 def _line_of(text: str, name: str) -> int:

@@ -108,7 +108,7 @@ def resolve_model(reference: str, *, offline: bool = False,
     if hub is None:
         raise ModelNotFoundError(
             f"{reference}: no such model file, alias or Hub repository "
-            "(aliases are listed in models.toml; Hub references look like owner/repo:Q4_K_M)"
+            "(`infer list --catalog` shows the aliases; Hub references look like owner/repo:Q4_K_M)"
         )
     from infer.quant.fetch import CheckpointOnlyError, fetch_checkpoint, fetch_gguf
 

