@@ -139,7 +139,7 @@ def execute(flags: Mapping[str, Any]) -> None:
             [sock] if local is None else [sock, local], lambda name: _open_model(flags, name),
             default=flags["model"], listing=_local_names, config=config, max_models=flags["max_models"],
             keep_alive_s=keep_alive, max_waiting=flags["queue"], speculation=speculation,
-            prompt_cache=cache, verbose=flags["verbose"])
+            prompt_cache=cache, verbose=flags["verbose"], find_model=_find_model)
     finally:
         if local is not None:  # (uvicorn closes the sockets it was given but leaves their files)
             with contextlib.suppress(OSError):
@@ -227,6 +227,14 @@ def _local_names() -> list[str]:
     for m in embedded_models() + cached_models():
         names.append(m.alias or (f"{m.repo}:{m.quant}" if m.quant else m.repo))
     return names
+
+
+def _find_model(name: str) -> None:
+    """Raise ModelNotFoundError for a name this server cannot serve (before anything is
+    unloaded to make room for it)."""
+    from infer.quant.registry import resolve_model
+
+    resolve_model(name, offline=True)
 
 
 def _open_model(flags: Mapping[str, Any], name: str) -> Any:

@@ -435,7 +435,8 @@ class Context:
         self.flash_attn = flash_attention(params, model.local_gpu)
         if not Context._said_flash:
             Context._said_flash = True
-            log.info("flash attention: %s (%s)", self.flash_attn, flash_attention_reason(params, model.local_gpu))
+            log.info("flash attention: %s (%s)", self.flash_attn,
+                     flash_attention_reason(params, model.local_gpu))
         cp.flash_attn_type = _FLASH_ATTN[self.flash_attn]
         cp.type_k = _KV_CACHE_TYPES[params.cache_type_k]
         cp.type_v = _KV_CACHE_TYPES[params.cache_type_v]

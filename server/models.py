@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +70,13 @@ class ModelPool:
     def __init__(self, open_model: Callable[[str], Opened], *, default: str | None,
                  listing: Callable[[], list[str]], max_models: int = 1, keep_alive_s: float | None = 300.0,
                  max_waiting: int = 256, speculation: SpecParams | None = None,
-                 prompt_cache: PromptCache | None = None) -> None:
+                 prompt_cache: PromptCache | None = None,
+                 find_model: Callable[[str], object] | None = None) -> None:
+        """``find_model(name)``: raises ModelNotFoundError (or another InferError) for a name
+        that cannot be served, quickly and without loading it: asked before a loaded model is
+        unloaded to make room, so that a request for an unknown model unloads nothing."""
         self.open_model, self.default, self.listing = open_model, default, listing
+        self.find_model = find_model
         self.max_models, self.keep_alive_s, self.max_waiting = max_models, keep_alive_s, max_waiting
         self.speculation, self.prompt_cache = speculation, prompt_cache
         self.loaded: dict[str, Served] = {}  # least recently used first
@@ -104,6 +109,9 @@ class ModelPool:
     async def _load(self, name: str) -> Served:
         if self._closed:
             raise busy("the server is shutting down")
+        if self.find_model is not None:
+            with _as_api_error(name):
+                await asyncio.to_thread(self.find_model, name)
         while len(self.loaded) >= self.max_models:
             idle = [s for s in self.loaded.values() if s.engine.idle]
             if not idle:
@@ -112,19 +120,16 @@ class ModelPool:
             await self.unload(idle[0])
         self.loading.add(name)
         try:
-            opened = await asyncio.to_thread(self.open_model, name)
-            try:
-                engine = await asyncio.to_thread(
-                    Engine, opened.model, opened.params, parallel=opened.parallel,
-                    speculation=self.speculation, max_waiting=self.max_waiting,
-                    prompt_cache=self.prompt_cache, cache_name=name)
-            except BaseException:
-                opened.model.close()
-                raise
-        except ModelNotFoundError as e:
-            raise ApiError(404, str(e), param="model", code="model_not_found") from None
-        except InferError as e:
-            raise ApiError(400, f"{name}: {e}", param="model", code="model_not_available") from None
+            with _as_api_error(name):
+                opened = await asyncio.to_thread(self.open_model, name)
+                try:
+                    engine = await asyncio.to_thread(
+                        Engine, opened.model, opened.params, parallel=opened.parallel,
+                        speculation=self.speculation, max_waiting=self.max_waiting,
+                        prompt_cache=self.prompt_cache, cache_name=name)
+                except BaseException:
+                    opened.model.close()
+                    raise
         finally:
             self.loading.discard(name)
         served = Served(name, opened, engine)
@@ -185,6 +190,17 @@ class ModelPool:
         if self.stop is not None:
             self.stop.cut_off = sum(s.engine.cut_off for s in served)
             self.stop.refused = sum(s.engine.refused for s in served)
+
+
+@contextlib.contextmanager
+def _as_api_error(name: str) -> Iterator[None]:
+    """infer's errors about the model `name` as the API's: 404 unknown, 400 unusable."""
+    try:
+        yield
+    except ModelNotFoundError as e:
+        raise ApiError(404, str(e), param="model", code="model_not_found") from None
+    except InferError as e:
+        raise ApiError(400, f"{name}: {e}", param="model", code="model_not_available") from None
 
 
 def _is_path(name: str) -> bool:

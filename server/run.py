@@ -29,13 +29,14 @@ def serve_forever(sockets: list[socket.socket], open_model: Callable[[str], Open
                   listing: Callable[[], list[str]], config: Config, max_models: int = 1,
                   keep_alive_s: float | None = 300.0, max_waiting: int = 256,
                   speculation: SpecParams | None = None, prompt_cache: PromptCache | None = None,
-                  verbose: bool = False) -> StopReport | None:
+                  verbose: bool = False,
+                  find_model: Callable[[str], object] | None = None) -> StopReport | None:
     """Serve until a stop is asked for; what the server was doing then and what it ended."""
     import uvicorn
 
     pool = ModelPool(open_model, default=default, listing=listing, max_models=max_models,
                      keep_alive_s=keep_alive_s, max_waiting=max_waiting, speculation=speculation,
-                     prompt_cache=prompt_cache)
+                     prompt_cache=prompt_cache, find_model=find_model)
     app = create_app(pool, config, lifespan=_lifespan(pool, config))
     server = _Server(uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
                                     timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5,

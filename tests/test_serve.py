@@ -422,8 +422,8 @@ def test_sigterm_ends_running_streams_cleanly_and_exits_0(tmp_path: Path) -> Non
     assert data[-1] == "data: [DONE]"
     assert json.loads(data[-2][6:])["choices"][0]["finish_reason"] == "length"
     assert "Traceback" not in "".join(server.log)
-    assert server.log[-1] == ("infer: stopped (SIGTERM) while 1 request running, 0 waiting; 0 finished in the "
-                              "5 s grace period, 1 cut off, 0 refused\n"), server.log
+    assert server.log[-1] == ("infer: stopped (SIGTERM) while 1 request running, 0 waiting; 0 finished in "
+                              "the 5 s grace period, 1 cut off, 0 refused\n"), server.log
 
 
 def test_models_load_on_first_use_and_unload_when_idle_or_least_recently_used(tmp_path: Path) -> None:
@@ -438,6 +438,11 @@ def test_models_load_on_first_use_and_unload_when_idle_or_least_recently_used(tm
             assert r.status_code == 200, r.text
 
         ask("smollm2")
+        assert loaded() == ["smollm2"]
+        # a name that cannot be served is 404 and unloads nothing (it used to make room first)
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
         assert loaded() == ["smollm2"]
         ask("smollm2:135m")  # another name: with --max-models 1 the idle one makes room
         assert loaded() == ["smollm2:135m"]
