@@ -17,10 +17,11 @@ traffic, exit code 0 within the grace period (5 s) plus one second, the stop lin
 stderr, no temporary file left in INFER_HOME. It reports the server's resident memory
 (after warm-up, at the end, the largest) and the requests by kind and status.
 
-`--shutdowns N` then starts a server on a tiny model N times, with three streams that
-end at different steps, and sends SIGTERM at a random moment each time: every exit must
-be code 0 within the grace period plus one second. Exit status: 0 when every check held,
-1 otherwise (each failure is printed). tests/test_soak.py runs a short form in CI.
+`--shutdowns N` then starts a server on a tiny model N times (two at a time, one thread
+each), with three streams that end at different steps, and sends SIGTERM at a random
+moment each time: every exit must be code 0 within the grace period plus one second.
+Exit status: 0 when every check held, 1 otherwise (each failure is printed).
+tests/test_soak.py runs a short form in CI.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -427,17 +429,18 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, object]:
             "failures": failures}
 
 
-def shutdowns(n: int, seed: int, work: Path) -> dict[str, object]:
-    """Start a server on a tiny model n times; SIGTERM while three streams end at different steps."""
-    rng = random.Random(seed)
+def shutdowns(n: int, seed: int, work: Path, jobs: int = 2) -> dict[str, object]:
+    """Start a server on a tiny model n times (`jobs` at once); SIGTERM while three streams run
+    that end at different steps, at a random moment after the first token."""
     model = build_llama_gguf(work / "tiny.gguf", vocab="llama-spm")
-    failures: list[str] = []
-    waits: list[float] = []
-    for round_ in range(n):
-        server = Server(str(model), "-np", "3", "-c", "3072", "--spec-type", "none", home=work / "home-tiny")
+    home = work / "home-tiny"
+
+    def one(round_: int) -> tuple[float, str | None]:
+        rng = random.Random(seed * 1000 + round_)
+        server = Server(str(model), "-np", "3", "-c", "3072", "-t", "1", "--spec-type", "none", home=home)
         started = threading.Event()
 
-        def stream(max_tokens: int, server: Server = server, started: threading.Event = started) -> None:
+        def stream(max_tokens: int) -> None:
             with contextlib.suppress(httpx.HTTPError), httpx.stream(
                     "POST", server.url + "/v1/completions", timeout=60,
                     json={"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
@@ -445,8 +448,7 @@ def shutdowns(n: int, seed: int, work: Path) -> dict[str, object]:
                 for _ in r.iter_lines():
                     started.set()
 
-        lengths = rng.sample([4, 16, 64, 256, 900], 3)
-        threads = [threading.Thread(target=stream, args=(m,)) for m in lengths]
+        threads = [threading.Thread(target=stream, args=(m,)) for m in rng.sample([2, 8, 32, 128, 400], 3)]
         for t in threads:
             t.start()
         started.wait(30)
@@ -454,13 +456,18 @@ def shutdowns(n: int, seed: int, work: Path) -> dict[str, object]:
         code, waited = server.stop(signal.SIGTERM)
         for t in threads:
             t.join(30)
-        waits.append(waited)
         if code != 0 or waited > GRACE_S + 1:
-            failures.append(f"shutdown {round_}: exit code {code} after {waited:.1f} s:\n"
-                            + "".join(server.log[-10:]))
-        left = leftovers(work / "home-tiny")
-        if left:
-            failures.append(f"shutdown {round_}: left half-written: {left}")
+            log = "".join(server.log[-10:])
+            return waited, f"shutdown {round_}: exit code {code} after {waited:.1f} s:\n{log}"
+        return waited, None
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(one, range(n)))
+    waits = [w for w, _ in results]
+    failures = [f for _, f in results if f is not None]
+    left = leftovers(home)
+    if left:
+        failures.append(f"left half-written in INFER_HOME: {left}")
     return {"rounds": n, "exit_s_median": round(statistics.median(waits), 3) if waits else None,
             "exit_s_max": round(max(waits), 3) if waits else None, "failures": failures}
 
