@@ -41,14 +41,26 @@ def rebuild_hint(*, rpc: bool = True, gpu: str | None = None) -> str:
     flags = ["-DGGML_RPC=ON"] if rpc else []
     if gpu:
         flags.insert(0, f"-DGGML_{gpu.upper()}=ON")
-    return (f"CMAKE_ARGS=\"{' '.join(flags)}\" pip install --force-reinstall --no-cache-dir "
-            "--no-deps llama-cpp-python")
+    return _pip_rebuild(flags)
+
+
+def _pip_rebuild(flags: list[str]) -> str:
+    """pip's command that builds the installed llama-cpp-python again with CMake `flags` (the
+    same version: pip would otherwise take the newest, which infer may not have been tested
+    with), not from pip's cache, which holds the build being replaced."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pinned = f"llama-cpp-python=={version('llama-cpp-python')}"
+    except PackageNotFoundError:
+        pinned = "llama-cpp-python"
+    return f"CMAKE_ARGS=\"{' '.join(flags)}\" pip install --force-reinstall --no-cache-dir --no-deps {pinned}"
 
 
 # /proc/cpuinfo flag -> the CMake option of ggml's CPU backend that builds for it
 _BUILD_FLAGS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"),
                 ("bmi2", "GGML_BMI2"), ("avx_vnni", "GGML_AVX_VNNI"), ("avx512f", "GGML_AVX512"),
-                ("avx512_vbmi", "GGML_AVX512_VBMI"), ("avx512_vnni", "GGML_AVX512_VNNI"),
+                ("avx512vbmi", "GGML_AVX512_VBMI"), ("avx512_vnni", "GGML_AVX512_VNNI"),
                 ("avx512_bf16", "GGML_AVX512_BF16"))
 
 
@@ -64,8 +76,7 @@ def rebuild_without(buffers: list[str], cpu_flags: set[str], gpu: str | None) ->
     if gpu:
         flags.append(f"-DGGML_{gpu.upper()}=ON")
     flags.append("-DGGML_RPC=ON")
-    return (f"CMAKE_ARGS=\"{' '.join(flags)}\" pip install --force-reinstall --no-cache-dir "
-            "--no-deps llama-cpp-python")
+    return _pip_rebuild(flags)
 
 
 def folder_size(path: Path) -> int:
