@@ -114,6 +114,10 @@ class Server:
             raise SystemExit("infer serve did not start:\n" + "".join(self.log))
         self.url = f"http://127.0.0.1:{self.port}"
 
+    @property
+    def reading(self) -> bool:
+        return self._reader.is_alive()
+
     def rss_kib(self) -> int:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         found = re.search(r"VmRSS:\s+(\d+) kB", status)
@@ -138,7 +142,7 @@ class Server:
             self.proc.kill()
             code = self.proc.wait()
         waited = time.monotonic() - t0
-        self._reader.join(5)
+        self._reader.join(30)  # (everything it wrote, up to the end of its stderr)
         return code, waited
 
 
@@ -409,7 +413,9 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, object]:
     if waited > GRACE_S + 1:
         failures.append(f"the server took {waited:.1f} s to exit after SIGTERM (grace {GRACE_S:g} s)")
     if stop_line is None:
-        failures.append("no stop line on stderr")
+        reader = "still reads" if server.reading else "is done"
+        failures.append(f"no stop line on stderr (its reader {reader}); its last lines:\n"
+                        + "".join(server.log[-30:]))
     if any("Traceback" in line for line in server.log):
         failures.append("a traceback on stderr:\n" + "".join(server.log[-40:]))
     left = leftovers(home)
