@@ -29,12 +29,12 @@ Temperature = Annotated[float | None, typer.Option(
     rich_help_panel=SAMPLING)]
 TopK = Annotated[int | None, typer.Option("--top-k", help="Top-k sampling (0: off).",
                                              rich_help_panel=SAMPLING)]
-TopP = Annotated[float | None, typer.Option("--top-p", help="Top-p (nucleus) sampling, in (0, 1].",
+TopP = Annotated[float | None, typer.Option("--top-p", help="Top-p (nucleus) sampling, in [0, 1].",
                                                rich_help_panel=SAMPLING)]
 MinP = Annotated[float | None, typer.Option("--min-p", help="Min-p sampling, in [0, 1].",
                                                rich_help_panel=SAMPLING)]
 TypicalP = Annotated[float | None, typer.Option("--typical-p", "--typical",
-                                                   help="Locally typical sampling, in (0, 1].",
+                                                   help="Locally typical sampling, in [0, 1].",
                                                    rich_help_panel=SAMPLING)]
 RepeatPenalty = Annotated[float | None, typer.Option(
     "--repeat-penalty", help="Penalize repeated tokens (1.0: off).", rich_help_panel=SAMPLING)]

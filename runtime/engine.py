@@ -204,7 +204,11 @@ class Engine:
             with self._lock:
                 self._pending -= 1
                 self._admitted += 1
-            error = self.scheduler.add(request)
+            try:
+                error = self.scheduler.add(request)
+            except Exception as e:  # a bug or llama.cpp failing: this request fails, the engine goes on
+                log.exception("starting a request failed")
+                error = Outcome(request.key, error=f"the model failed: {e}", request=request)
             if error is not None:
                 self._deliver(job, error)
                 with self._lock:

@@ -16,6 +16,7 @@ from typing import Any
 
 from infer.runtime.errors import UsageError
 from infer.runtime.llama import Model, SamplerChain, SamplerSpec, load_bindings_module
+from infer.runtime.request_params import NUMERIC, logit_bias_error, out_of_range
 
 # GGUF `general.sampling.*` keys (written by llama.cpp's converter from a model's
 # generation_config.json) -> SamplingParams fields.
@@ -100,39 +101,22 @@ def _check(ok: bool, message: str) -> None:
         raise UsageError(message)
 
 
+def _refuse(problem: str | None) -> None:
+    if problem is not None:
+        raise UsageError(problem)
+
+
 def _validate(p: SamplingParams) -> None:
-    for f in fields(p):
-        value = getattr(p, f.name)
-        if isinstance(value, float) and math.isnan(value):
-            raise UsageError(f"{f.name} must be a number, got NaN")
-    _check(p.temperature >= 0, f"temperature must be >= 0, got {p.temperature}")
-    _check(p.top_k >= 0, f"top-k must be >= 0, got {p.top_k}")
-    _check(0 < p.top_p <= 1, f"top-p must be in (0, 1], got {p.top_p}")
-    _check(0 <= p.min_p <= 1, f"min-p must be in [0, 1], got {p.min_p}")
-    _check(0 < p.typical_p <= 1, f"typical-p must be in (0, 1], got {p.typical_p}")
-    _check(p.repeat_penalty > 0, f"repeat penalty must be > 0, got {p.repeat_penalty}")
-    _check(p.repeat_last_n >= -1, f"repeat-last-n must be >= -1, got {p.repeat_last_n}")
-    _check(p.seed is None or 0 <= p.seed <= 0xFFFFFFFF,
-           f"seed must be in [0, 4294967295], got {p.seed}")
-    _check(p.mirostat in (0, 1, 2), f"mirostat must be 0, 1 or 2, got {p.mirostat}")
-    _check(p.mirostat_tau > 0, f"mirostat tau must be > 0, got {p.mirostat_tau}")
-    _check(p.mirostat_eta > 0, f"mirostat eta must be > 0, got {p.mirostat_eta}")
-    _check(p.dry_multiplier >= 0, f"DRY multiplier must be >= 0, got {p.dry_multiplier}")
-    _check(p.dry_base >= 1, f"DRY base must be >= 1, got {p.dry_base}")
-    _check(p.dry_allowed_length >= 0,
-           f"DRY allowed length must be >= 0, got {p.dry_allowed_length}")
-    _check(p.dry_penalty_last_n >= -1,
-           f"DRY penalty-last-n must be >= -1, got {p.dry_penalty_last_n}")
-    _check(0 <= p.xtc_probability <= 1,
-           f"XTC probability must be in [0, 1], got {p.xtc_probability}")
-    _check(0 <= p.xtc_threshold <= 1, f"XTC threshold must be in [0, 1], got {p.xtc_threshold}")
+    for name in NUMERIC:  # (runtime/request_params.py: one rule per range)
+        value = getattr(p, name)
+        _refuse(None if value is None else out_of_range(name, value))
     _check(p.max_tokens is None or p.max_tokens >= 0,
            f"max tokens must be >= 0 (or -1 for no limit), got {p.max_tokens}")
     _check(all(s for s in p.stop), "stop strings must not be empty")
     _check(not (p.grammar is not None and p.json_schema is not None),
            "give either a grammar or a JSON schema, not both")
     for token, bias in p.logit_bias:
-        _check(token >= 0, f"logit bias token id must be >= 0, got {token}")
+        _refuse(logit_bias_error(token))
         _check(not math.isnan(bias), "logit bias must be a number")
 
 
@@ -229,8 +213,7 @@ def sampler_specs(p: SamplingParams, *, n_vocab: int,
     specs: list[SamplerSpec] = []
     biases = list(p.logit_bias)
     for token, _ in biases:
-        if token >= n_vocab:
-            raise UsageError(f"logit bias token id {token} is outside the vocabulary of {n_vocab}")
+        _refuse(logit_bias_error(token, n_vocab))
     if p.ignore_eos:  # as llama.cpp does: end-of-generation tokens can never be drawn
         biases += [(token, -math.inf) for token in eog_tokens()]
     if biases:
@@ -238,7 +221,7 @@ def sampler_specs(p: SamplingParams, *, n_vocab: int,
     if p.effective_grammar is not None:
         specs.append(SamplerSpec("grammar", (p.effective_grammar,)))
     if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-        specs.append(SamplerSpec("penalties", (p.repeat_last_n, p.repeat_penalty,
+        specs.append(SamplerSpec("penalties", (n_vocab, p.repeat_last_n, p.repeat_penalty,
                                                p.frequency_penalty, p.presence_penalty)))
     if p.dry_multiplier > 0:
         specs.append(SamplerSpec("dry", (p.dry_multiplier, p.dry_base, p.dry_allowed_length,

@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from infer.runtime.engine import Busy, Closed
 from infer.runtime.errors import InferError
+from infer.runtime.request_params import logit_bias_error
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.scheduler import Delta, Outcome, Request, TokenLogprob
 from infer.server import schema
@@ -154,9 +155,10 @@ class Api:
                 build_sampler_chain(params, model).close()
             except InferError as e:
                 raise invalid("grammar" if params.grammar else "response_format", str(e)) from None
-        for token, _ in params.logit_bias:
-            if token >= model.n_vocab:
-                raise invalid("logit_bias", f"logit_bias: token id {token} is not in the model's vocabulary")
+        for token, _ in params.logit_bias:  # (the runtime's rule, before a stream starts)
+            problem = logit_bias_error(token, model.n_vocab)
+            if problem is not None:
+                raise invalid("logit_bias", problem)
         if not tokens:
             raise invalid("prompt" if not gen.chat else "messages", "the prompt is empty")
         problem = served.engine.fit_error(len(tokens), params.max_tokens)

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from infer.runtime.request_params import NUMERIC, out_of_range
 from infer.server.errors import ApiError, invalid, unsupported
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
@@ -65,34 +66,14 @@ _UNSUPPORTED = {
     "suffix": "a suffix (insertion)", "echo": "echoing the prompt",
 }
 
-# Extensions under llama-server's names: name -> (SamplingParams field, kind, low, high)
-_EXTENSIONS: dict[str, tuple[str, type, float | None, float | None]] = {
-    "top_k": ("top_k", int, 0, None),
-    "min_p": ("min_p", float, 0, 1),
-    "typical_p": ("typical_p", float, 0, 1),
-    "repeat_penalty": ("repeat_penalty", float, 0, None),
-    "repeat_last_n": ("repeat_last_n", int, -1, None),
-    "mirostat": ("mirostat", int, 0, 2),
-    "mirostat_tau": ("mirostat_tau", float, 0, None),
-    "mirostat_eta": ("mirostat_eta", float, 0, None),
-    "dry_multiplier": ("dry_multiplier", float, 0, None),
-    "dry_base": ("dry_base", float, 1, None),
-    "dry_allowed_length": ("dry_allowed_length", int, 0, None),
-    "dry_penalty_last_n": ("dry_penalty_last_n", int, -1, None),
-    "xtc_probability": ("xtc_probability", float, 0, 1),
-    "xtc_threshold": ("xtc_threshold", float, 0, 1),
-    "ignore_eos": ("ignore_eos", bool, None, None),
-    "grammar": ("grammar", str, None, None),
-}
-
-# OpenAI's own sampling fields: name -> (SamplingParams field, kind, low, high)
-_OPENAI: dict[str, tuple[str, type, float | None, float | None]] = {
-    "temperature": ("temperature", float, 0, 2),
-    "top_p": ("top_p", float, 0, 1),
-    "presence_penalty": ("presence_penalty", float, -2, 2),
-    "frequency_penalty": ("frequency_penalty", float, -2, 2),
-    "seed": ("seed", int, 0, 0xFFFFFFFF),
-}
+# Sampling fields a request may set, under OpenAI's names and llama-server's (the same as
+# SamplingParams' fields); their ranges are runtime/request_params.py's, one rule for flags
+# and requests.
+_SAMPLING_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "top_k",
+                     "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "mirostat", "mirostat_tau",
+                     "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                     "xtc_probability", "xtc_threshold")
+_SAMPLING_OTHERS: dict[str, type] = {"ignore_eos": bool, "grammar": str}
 
 
 def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
@@ -120,10 +101,14 @@ def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
     if best_of is not None and best_of != (n or 1):
         raise unsupported("best_of", "best_of other than n")
     sampling: dict[str, Any] = {}
-    for name, (field, kind, low, high) in (*_OPENAI.items(), *_EXTENSIONS.items()):
-        value = _number(body, name, kind, low, high) if kind in (int, float) else _optional(body, name, kind)
+    for name in _SAMPLING_NUMBERS:
+        value = _sampling_number(body, name)
         if value is not None:
-            sampling[field] = value
+            sampling[name] = value
+    for name, kind in _SAMPLING_OTHERS.items():
+        value = _optional(body, name, kind)
+        if value is not None:
+            sampling[name] = value
     max_tokens = _max_tokens(body)
     if max_tokens is not None:
         sampling["max_tokens"] = max_tokens
@@ -189,6 +174,16 @@ def _number(body: dict[str, Any], name: str, kind: type, low: float | None, high
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise invalid(name, f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def _sampling_number(body: dict[str, Any], name: str) -> Any:
+    """A sampling field of the request, checked by the rule flags are checked by."""
+    param = NUMERIC[name]
+    value = _number(body, name, param.kind, None, None)
+    problem = None if value is None else out_of_range(name, value, name)
+    if problem is not None:
+        raise invalid(name, problem)
     return value
 
 

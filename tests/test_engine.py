@@ -87,3 +87,28 @@ def test_a_request_is_counted_from_submit_to_outcome_even_while_it_is_being_admi
     engine.close()
     assert all(running + waiting == 1 and not idle for running, waiting, idle in seen), seen
     assert (1, 0, False) in seen and engine.idle
+
+
+def test_a_request_that_fails_to_start_fails_alone_and_the_engine_goes_on(model):
+    """An exception while a request takes its slot (a bug, or llama.cpp refusing) used to end
+    the engine's thread: that request and every later one waited for ever."""
+    engine = Engine(model, ContextParams(n_ctx=512, n_threads=2), parallel=1)
+    add = engine.scheduler.add
+    calls = []
+
+    def failing_once(request):
+        calls.append(request)
+        if len(calls) == 1:
+            raise TypeError("this function takes at least 5 arguments (4 given)")
+        return add(request)
+
+    engine.scheduler.add = failing_once
+    tokens = model.tokenize("Once upon a time", add_special=True, parse_special=False)
+    heard: list[Outcome] = []
+    done = threading.Event()
+    for i in range(2):
+        engine.submit(Request(i, tokens, SamplingParams(temperature=0, max_tokens=4)),
+                      lambda o: (heard.append(o), len(heard) == 2 and done.set()))
+    assert done.wait(30), heard
+    engine.close()
+    assert "the model failed" in (heard[0].error or "") and heard[1].completion is not None, heard

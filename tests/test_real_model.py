@@ -60,10 +60,10 @@ def prompt_tokens(session: Session, prompt: str | list[dict[str, str]]) -> list[
     return chat_prompt(session.model, prompt).tokens
 
 
-def infer_greedy(session: Session, tokens: list[int], n: int = N_GEN) -> list[int]:
+def infer_greedy(session: Session, tokens: list[int], n: int = N_GEN, **sampling: float) -> list[int]:
     session.context.memory_clear()  # every prompt from an empty cache, as on the other side
     session.tokens.clear()
-    done = [e for e in session.generate(tokens, SamplingParams(temperature=0.0, max_tokens=n))
+    done = [e for e in session.generate(tokens, SamplingParams(temperature=0.0, max_tokens=n, **sampling))
             if isinstance(e, Completion)]
     return done[0].tokens
 
@@ -109,6 +109,45 @@ def test_greedy_generation_is_token_identical_to_llama_cpp_python(smollm2, sessi
             lengths.append(len(tokens))
         assert max(lengths) > SETTINGS["n_batch"] * 3  # one prompt spans several batches
         assert exact >= len(PROMPTS) - 2, f"only {exact} of {len(PROMPTS)} prompts agreed exactly"
+    finally:
+        llm.close()
+
+
+def test_repeat_presence_and_frequency_penalties_draw_what_llama_cpp_python_draws(smollm2, session,
+                                                                                 monkeypatch):
+    """The penalties sampler as llama.cpp's own Python binding builds it (its constructor took
+    the vocabulary size again in llama.cpp of llama-cpp-python 0.3.36; infer passed four
+    arguments and every run with a penalty failed)."""
+    import llama_cpp.llama_cpp as bindings
+    from llama_cpp import Llama
+
+    from infer.runtime import repack
+
+    defaults = bindings.llama_model_default_params
+
+    def as_infer_loads() -> object:
+        params = defaults()
+        params.use_extra_bufts = repack.allowed()
+        return params
+
+    monkeypatch.setattr(bindings, "llama_model_default_params", as_infer_loads)
+    llm = Llama(str(smollm2), n_ctx=SETTINGS["n_ctx"], n_batch=SETTINGS["n_batch"],
+                n_ubatch=SETTINGS["n_ubatch"], n_threads=2, n_threads_batch=2, n_gpu_layers=0,
+                flash_attn=False, verbose=False, last_n_tokens_size=64)
+    penalties = {"repeat_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.2}
+    try:
+        for prompt in PROMPTS[:3]:
+            tokens = prompt_tokens(session, prompt)
+            ours = infer_greedy(session, tokens, 48, repeat_last_n=64, **penalties)
+            plain = infer_greedy(session, tokens, 48)
+            llm.reset()
+            theirs: list[int] = []
+            for token in llm.generate(tokens, temp=0.0, reset=True, **penalties):
+                if session.model.is_eog(token) or len(theirs) == 48:
+                    break
+                theirs.append(token)
+            assert_same_or_near_tie(session, tokens, ours, theirs, repr(prompt)[:60])
+            assert ours != plain, "the penalties changed nothing"
     finally:
         llm.close()
 

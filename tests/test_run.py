@@ -223,7 +223,7 @@ def test_dash_with_empty_stdin_is_a_usage_error(infer_run):
 
 @pytest.mark.parametrize("flags, fragment", [
     (["--temp", "-1"], "temperature"),
-    (["--top-p", "0"], "top-p"),
+    (["--top-p", "-0.1"], "top-p"),
     (["--top-p", "1.5"], "top-p"),
     (["--top-k", "-3"], "top-k"),
     (["--min-p", "2"], "min-p"),

@@ -90,8 +90,9 @@ def test_resolve_layers_defaults_model_and_flags():
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.01}, {"top_k": -1}, {"min_p": 1.5},
-    {"typical_p": 0}, {"repeat_penalty": 0}, {"mirostat": 5}, {"xtc_probability": 2},
+    {"temperature": -0.1}, {"top_p": -0.1}, {"top_p": 1.01}, {"top_k": -1}, {"min_p": 1.5},
+    {"typical_p": -0.5}, {"repeat_penalty": 0}, {"mirostat": 5}, {"xtc_probability": 2},
+    {"mirostat_tau": 0}, {"mirostat_eta": 0}, {"presence_penalty": float("inf")},
     {"dry_base": 0.5}, {"max_tokens": -2}, {"stop": ("",)}, {"seed": -5},
     {"grammar": "root ::= \"a\"", "json_schema": "{}"}, {"temperature": float("nan")},
 ])

@@ -206,7 +206,7 @@ HOSTILE = [
     (b"[1, 2]", 400, None),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', 400, "temperature"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 7}', 400, "temperature"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -1}', 400, "temperature"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400, "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', 400, "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 0}', 400, "n"),
@@ -252,7 +252,7 @@ def test_a_bad_request_gets_an_openai_error_and_the_server_goes_on(server: Serve
 def test_the_server_still_serves_after_hostile_requests(server: Server, client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "x"}],
-                                       temperature=9)
+                                       temperature=-1)
     # A body over the size limit, unknown fields (ignored), an unknown path.
     big = httpx.post(server.url + "/v1/chat/completions", content=b"x" * (9 * 1024 * 1024), timeout=60)
     assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
@@ -548,3 +548,26 @@ def test_health_is_503_while_the_model_loads(smollm2: Path) -> None:
         while (ready := http.get("/health")).status_code == 503 and time.monotonic() < end:
             time.sleep(0.05)
         assert ready.status_code == 200 and ready.json()["loaded"] == ["smollm2"]
+
+
+# Where the server and the runtime disagreed, one rule now (runtime/request_params.py): the
+# same value is taken or refused by a request and by `infer run`'s flag, in the same words.
+@pytest.mark.parametrize(("field", "flag", "value", "refused"), [
+    ("temperature", "--temp", 7, None),  # no cap at 2 (the server's alone)
+    ("top_p", "--top-p", 0, None),  # the most likely token alone (the runtime refused it)
+    ("typical_p", "--typical-p", 0, None),
+    ("presence_penalty", "--presence-penalty", 3, None),  # no [-2, 2] (the server's alone)
+    ("repeat_penalty", "--repeat-penalty", 0, "must be > 0, got 0"),  # (the server took 0)
+    ("mirostat_tau", "--mirostat-ent", 0, "must be > 0, got 0"),
+])
+def test_a_sampling_range_is_one_rule_for_requests_and_flags(client: openai.OpenAI, server: Server, smollm2,
+                                                             field, flag, value, refused) -> None:
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, field: value})
+    cli = run_cli("run", smollm2, "-n", "2", flag, str(value), "Hi")
+    if refused is None:
+        assert r.status_code == 200, r.text
+        assert cli.returncode == 0, cli.stderr
+    else:
+        assert r.status_code == 400 and f"{field} {refused}" in r.json()["error"]["message"], r.text
+        assert cli.returncode == 2 and refused in cli.stderr, cli.stderr
