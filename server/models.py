@@ -109,17 +109,17 @@ class ModelPool:
     async def _load(self, name: str) -> Served:
         if self._closed:
             raise busy("the server is shutting down")
-        if self.find_model is not None:
-            with _as_api_error(name):
-                await asyncio.to_thread(self.find_model, name)
-        while len(self.loaded) >= self.max_models:
-            idle = [s for s in self.loaded.values() if s.engine.idle]
-            if not idle:
-                raise busy(f"the {len(self.loaded)} loaded model(s) are busy; --max-models is "
-                           f"{self.max_models}", 5)
-            await self.unload(idle[0])
-        self.loading.add(name)
+        self.loading.add(name)  # (from the first step: /health says 503 until the model is in)
         try:
+            if self.find_model is not None:
+                with _as_api_error(name):
+                    await asyncio.to_thread(self.find_model, name)
+            while len(self.loaded) >= self.max_models:
+                idle = [s for s in self.loaded.values() if s.engine.idle]
+                if not idle:
+                    raise busy(f"the {len(self.loaded)} loaded model(s) are busy; --max-models is "
+                               f"{self.max_models}", 5)
+                await self.unload(idle[0])
             with _as_api_error(name):
                 opened = await asyncio.to_thread(self.open_model, name)
                 try:

@@ -532,18 +532,24 @@ def test_health_is_503_while_the_model_loads(smollm2: Path) -> None:
     from infer.server.models import ModelPool, Opened
     from infer.server.run import _lifespan
 
-    release = threading.Event()
+    found, release = threading.Event(), threading.Event()
+
+    def find_model(name: str) -> None:  # (the name is looked up first: 503 from then on)
+        assert found.wait(60)
 
     def open_model(name: str) -> Opened:
         assert release.wait(60)
         return Opened(Model(smollm2), ContextParams(n_ctx=512), 1, {})
 
-    pool = ModelPool(open_model, default="smollm2", listing=lambda: [], keep_alive_s=None)
+    pool = ModelPool(open_model, default="smollm2", listing=lambda: [], keep_alive_s=None,
+                     find_model=find_model)
     config = Config()
     with TestClient(create_app(pool, config, lifespan=_lifespan(pool, config))) as http:
-        loading = http.get("/health")
-        assert loading.status_code == 503 and loading.json() == {"status": "loading", "loading": ["smollm2"]}
-        release.set()
+        for step in (found, release):
+            loading = http.get("/health")
+            assert loading.status_code == 503, loading.json()
+            assert loading.json() == {"status": "loading", "loading": ["smollm2"]}
+            step.set()
         end = time.monotonic() + 60
         while (ready := http.get("/health")).status_code == 503 and time.monotonic() < end:
             time.sleep(0.05)
