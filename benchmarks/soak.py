@@ -30,12 +30,10 @@ import argparse
 import collections
 import contextlib
 import json
-import os
 import random
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,9 +46,9 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+import serve_helpers  # noqa: E402
 from tiny_model import build_llama_gguf  # noqa: E402
 
-CLI = [sys.executable, "-c", "from infer.cli.main import main; main()"]
 GRACE_S = 5.0  # infer serve's grace period for running requests (server/app.py Config)
 PARALLEL, QUEUE = 4, 4
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -84,44 +82,8 @@ WORDS = ["the", "sky", "river", "stone", "blue", "light", "story", "robot", "gar
          "number"]
 
 
-class Server:
-    """`infer serve` in a child process; stderr kept in `log`."""
-
-    def __init__(self, *args: str, home: Path, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([*CLI, "serve", *args, "--port", "0"], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     env={**os.environ, "INFER_HOME": str(home), **(env or {})})
-        self.log: list[str] = []
-        ready = threading.Event()
-        self.port = 0
-
-        def read() -> None:
-            assert self.proc.stderr is not None
-            for raw in self.proc.stderr:
-                line = raw.decode("utf-8", "replace")
-                self.log.append(line)
-                found = re.search(r"serving on http://\S+:(\d+)/v1", line)
-                if found:
-                    self.port = int(found.group(1))
-                    ready.set()
-            ready.set()
-
-        self._reader = threading.Thread(target=read, daemon=True)
-        self._reader.start()
-        ready.wait(120)
-        if not self.port:
-            self.proc.kill()
-            raise SystemExit("infer serve did not start:\n" + "".join(self.log))
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    @property
-    def reading(self) -> bool:
-        return self._reader.is_alive()
-
-    def rss_kib(self) -> int:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        found = re.search(r"VmRSS:\s+(\d+) kB", status)
-        return int(found.group(1)) if found else 0
+class Server(serve_helpers.Server):
+    """`infer serve` in a child process (tests/serve_helpers.py), with what the soak reads."""
 
     def gauges(self) -> dict[str, float]:
         """num_requests_running and num_requests_waiting, summed over the models."""
@@ -132,18 +94,11 @@ class Server:
                 out[m.group(1)] += float(m.group(2))
         return dict(out)
 
-    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, float]:
+    def timed_stop(self, sig: int = signal.SIGTERM) -> tuple[int, float]:
         """Send `sig`; the exit code and the seconds until the process was gone."""
         t0 = time.monotonic()
-        self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        waited = time.monotonic() - t0
-        self._reader.join(30)  # (everything it wrote, up to the end of its stderr)
-        return code, waited
+        code = self.stop(sig)
+        return code, time.monotonic() - t0
 
 
 class Traffic:
@@ -179,7 +134,8 @@ class Traffic:
 
     def run(self, clients: int, seconds: float, churn_every_s: float = 5.0) -> None:
         deadline = time.monotonic() + seconds
-        threads = [threading.Thread(target=self._client, args=(random.Random(self.seed * 1000 + i), deadline))
+        threads = [threading.Thread(target=self._client,
+                                    args=(random.Random(self.seed * 1000 + i), deadline, i, clients))
                    for i in range(clients)]
         threads.append(threading.Thread(target=self._churn, args=(random.Random(self.seed), deadline,
                                                                    churn_every_s)))
@@ -188,11 +144,11 @@ class Traffic:
         for t in threads:
             t.join()
 
-    def _client(self, rng: random.Random, deadline: float) -> None:
+    def _client(self, rng: random.Random, deadline: float, index: int, clients: int) -> None:
         kinds = ["chat", "stream", "n", "grammar", "schema", "cancel", "disconnect", "hostile",
                  "completion", "burst"]
         weights = [6, 6, 2, 2, 2, 3, 3, 3, 2, 1]
-        first = rng.sample(kinds, len(kinds))  # every kind once, then at random
+        first = kinds[index::clients][::-1]  # every kind among the clients' first requests
         with httpx.Client(base_url=self.server.url, timeout=120) as client:
             while time.monotonic() < deadline:
                 self.go.wait()
@@ -404,7 +360,7 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, object]:
     for t in streams:
         t.start()
     time.sleep(rng.uniform(0.0, 1.5))
-    code, waited = server.stop(signal.SIGTERM)
+    code, waited = server.timed_stop(signal.SIGTERM)
     for t in streams:
         t.join(30)
     stop_line = next((line.strip() for line in reversed(server.log) if "stopped (SIGTERM)" in line), None)
@@ -459,7 +415,7 @@ def shutdowns(n: int, seed: int, work: Path, jobs: int = 2) -> dict[str, object]
             t.start()
         started.wait(30)
         time.sleep(rng.uniform(0.0, 0.05))
-        code, waited = server.stop(signal.SIGTERM)
+        code, waited = server.timed_stop(signal.SIGTERM)
         for t in threads:
             t.join(30)
         if code != 0 or waited > GRACE_S + 1:

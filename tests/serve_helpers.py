@@ -37,7 +37,8 @@ class Server:
                     ready.set()
             ready.set()
 
-        threading.Thread(target=read, daemon=True).start()
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
         ready.wait(60)
         if self.port is None:
             self.proc.kill()
@@ -70,11 +71,19 @@ class Server:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
 
+    @property
+    def reading(self) -> bool:
+        """Whether its stderr is still being read (open: the process, or a child, holds it)."""
+        return self._reader.is_alive()
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Send `sig`; its exit code, once its whole stderr is in `log`."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+        self._reader.join(30)
+        return code

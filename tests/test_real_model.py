@@ -5,6 +5,7 @@ chat template and the tokenizer."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from real_model import assert_same_or_near_tie
@@ -74,14 +75,15 @@ def session(smollm2: Path):
         yield s
 
 
-def test_greedy_generation_is_token_identical_to_llama_cpp_python(smollm2, session, monkeypatch):
+def llama_cpp_python(path: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> Any:
+    """llama-cpp-python's `Llama` on `path` with these tests' context settings. It takes no
+    repacking setting: it gets infer's (off where llama.cpp's repacked kernels crash this CPU,
+    which would kill the test process)."""
     import llama_cpp.llama_cpp as bindings
     from llama_cpp import Llama
 
     from infer.runtime import repack
 
-    # Llama takes no repacking setting: it gets infer's (off where llama.cpp's repacked
-    # kernels crash this CPU, which would kill the test process).
     defaults = bindings.llama_model_default_params
 
     def as_infer_loads() -> object:
@@ -90,9 +92,13 @@ def test_greedy_generation_is_token_identical_to_llama_cpp_python(smollm2, sessi
         return params
 
     monkeypatch.setattr(bindings, "llama_model_default_params", as_infer_loads)
-    llm = Llama(str(smollm2), n_ctx=SETTINGS["n_ctx"], n_batch=SETTINGS["n_batch"],
-                n_ubatch=SETTINGS["n_ubatch"], n_threads=2, n_threads_batch=2, n_gpu_layers=0,
-                flash_attn=session.context.flash_attn == "on", verbose=False)
+    return Llama(str(path), n_ctx=SETTINGS["n_ctx"], n_batch=SETTINGS["n_batch"],
+                 n_ubatch=SETTINGS["n_ubatch"], n_threads=2, n_threads_batch=2, n_gpu_layers=0,
+                 verbose=False, **kwargs)
+
+
+def test_greedy_generation_is_token_identical_to_llama_cpp_python(smollm2, session, monkeypatch):
+    llm = llama_cpp_python(smollm2, monkeypatch, flash_attn=session.context.flash_attn == "on")
     try:
         assert session.context.flash_attn == "off"  # infer's CPU default, given to both sides
         lengths, exact = [], 0
@@ -118,22 +124,7 @@ def test_repeat_presence_and_frequency_penalties_draw_what_llama_cpp_python_draw
     """The penalties sampler as llama.cpp's own Python binding builds it (its constructor took
     the vocabulary size again in llama.cpp of llama-cpp-python 0.3.36; infer passed four
     arguments and every run with a penalty failed)."""
-    import llama_cpp.llama_cpp as bindings
-    from llama_cpp import Llama
-
-    from infer.runtime import repack
-
-    defaults = bindings.llama_model_default_params
-
-    def as_infer_loads() -> object:
-        params = defaults()
-        params.use_extra_bufts = repack.allowed()
-        return params
-
-    monkeypatch.setattr(bindings, "llama_model_default_params", as_infer_loads)
-    llm = Llama(str(smollm2), n_ctx=SETTINGS["n_ctx"], n_batch=SETTINGS["n_batch"],
-                n_ubatch=SETTINGS["n_ubatch"], n_threads=2, n_threads_batch=2, n_gpu_layers=0,
-                flash_attn=False, verbose=False, last_n_tokens_size=64)
+    llm = llama_cpp_python(smollm2, monkeypatch, flash_attn=False, last_n_tokens_size=64)
     penalties = {"repeat_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.2}
     try:
         for prompt in PROMPTS[:3]:
