@@ -227,7 +227,9 @@ class Model:
                              f"{reason or 'unsupported or corrupt (run with -v for details)'}")
         # Whether a GPU of this machine holds layers (not the CPU, not a remote worker's
         # device): what flash attention's "auto" turns on for (flash_attention).
-        local_gpus = _local_gpu_names(devices) if n_gpu_layers != 0 else set()
+        from infer.runtime.ggml import device_names_of_local_gpus
+
+        local_gpus = device_names_of_local_gpus(devices) if n_gpu_layers != 0 else set()
         self.local_gpu = (any(name in local_gpus for name in self.placement.values()) if self.placement
                           else bool(local_gpus))
         self.vocab = C.llama_model_get_vocab(self._ptr)
@@ -378,12 +380,6 @@ def _use_extra_buffers(wanted: bool) -> bool:
     return False
 
 
-def _local_gpu_names(handles: Sequence[int]) -> set[str]:
-    from infer.runtime.ggml import device_names_of_local_gpus
-
-    return device_names_of_local_gpus(handles)
-
-
 def flash_attention(params: ContextParams, local_gpu: bool) -> str:
     """The flash-attention setting to ask llama.cpp for: "on" or "off", never llama.cpp's
     own "auto", so that the same flags give the same numbers wherever the layers run.
@@ -395,20 +391,18 @@ def flash_attention(params: ContextParams, local_gpu: bool) -> str:
     over a long context about twice as slow and decoding slower too (benchmarks/README.md,
     "Chat"), and gains nothing on long prefills. A quantized V cache needs it: on there.
     """
-    if params.flash_attn != "auto":
-        return params.flash_attn
-    quantized_v = params.cache_type_v not in ("f16", "f32", "bf16")
-    return "on" if local_gpu or quantized_v else "off"
+    return flash_attention_choice(params, local_gpu)[0]
 
 
-def flash_attention_reason(params: ContextParams, local_gpu: bool) -> str:
-    """Why "auto" chose what it did, for -v."""
+def flash_attention_choice(params: ContextParams, local_gpu: bool) -> tuple[str, str]:
+    """flash_attention's setting, and why (for -v)."""
     if params.flash_attn != "auto":
-        return f"-fa {params.flash_attn}"
+        return params.flash_attn, f"-fa {params.flash_attn}"
     if params.cache_type_v not in ("f16", "f32", "bf16"):
-        return f"auto: the {params.cache_type_v} V cache needs it"
-    return ("auto: a GPU of this machine holds layers" if local_gpu
-            else "auto: the layers run on the CPU, here or on workers; -fa on turns it on")
+        return "on", f"auto: the {params.cache_type_v} V cache needs it"
+    if local_gpu:
+        return "on", "auto: a GPU of this machine holds layers"
+    return "off", "auto: the layers run on the CPU, here or on workers; -fa on turns it on"
 
 
 class Context:
@@ -432,11 +426,10 @@ class Context:
         threads = params.n_threads or physical_cores()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
-        self.flash_attn = flash_attention(params, model.local_gpu)
+        self.flash_attn, why = flash_attention_choice(params, model.local_gpu)
         if not Context._said_flash:
             Context._said_flash = True
-            log.info("flash attention: %s (%s)", self.flash_attn,
-                     flash_attention_reason(params, model.local_gpu))
+            log.info("flash attention: %s (%s)", self.flash_attn, why)
         cp.flash_attn_type = _FLASH_ATTN[self.flash_attn]
         cp.type_k = _KV_CACHE_TYPES[params.cache_type_k]
         cp.type_v = _KV_CACHE_TYPES[params.cache_type_v]

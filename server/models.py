@@ -58,12 +58,12 @@ class StopReport:
     refused: int = 0  # waiting requests ended unstarted
 
     def line(self) -> str:
-        doing = (f"{self.running} request{'s' * (self.running != 1)} running, {self.waiting} waiting"
-                 if self.running or self.waiting else "idle")
-        finished = self.running - self.cut_off
-        ended = (f"; {finished} finished in the {self.grace_s:g} s grace period, {self.cut_off} cut off, "
-                 f"{self.refused} refused" if self.running or self.waiting else "")
-        return f"stopped ({self.why or 'asked'}) while {doing}{ended}"
+        stopped = f"stopped ({self.why or 'asked'}) while"
+        if not self.running and not self.waiting:
+            return f"{stopped} idle"
+        return (f"{stopped} {self.running} request{'s' * (self.running != 1)} running, {self.waiting} "
+                f"waiting; {self.running - self.cut_off} finished in the {self.grace_s:g} s grace period, "
+                f"{self.cut_off} cut off, {self.refused} refused")
 
 
 class ModelPool:
