@@ -18,18 +18,10 @@ from functools import partial
 from typing import Any
 
 from infer.cli import remote
-from infer.cli.chat import (
-    _PARAM_ALIASES,
-    ChatState,
-    _from_json,
-    _note,
-    _param_names,
-    _param_types,
-    _parse_value,
-    _read_session,
-    _say,
-    _write_session,
-)
+from infer.cli.chat_commands import BaseChat
+from infer.cli.chat_files import read_session, saved_params, write_session
+from infer.cli.chat_output import note, say
+from infer.cli.chat_settings import list_overrides, parse_setting
 from infer.cli.render import reply_writer
 from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, UsageError
 from infer.runtime.messages import Dropped, Messages, check_context_policy
@@ -92,16 +84,13 @@ class RemoteConversation(Messages):
             replies.close()  # (Ctrl-C: the connection closes and the server stops the request)
 
 
-class RemoteChat(ChatState):
+class RemoteChat(BaseChat):
     """The chat's state and slash commands, with the model loaded in a server."""
 
     def __init__(self, flags: Mapping[str, Any], where: remote.Address, overrides: dict[str, Any]) -> None:
-        # (ChatState.__init__ loads a model; nothing of it applies here)
         model = flags["model"]
         system = flags["system"] if flags["system"] is not None else remote.alias_system(model)
-        self.flags = flags
         self.where = where
-        self.cache = None
         self.conversation: Any = RemoteConversation(where, model, system=system,
                                                     context_policy=flags["context_policy"])
         self.overrides = overrides
@@ -109,11 +98,8 @@ class RemoteChat(ChatState):
         self.reply = partial(reply_writer, flags["plain"])
         self.last: Any = None
 
-    def __exit__(self, *exc: object) -> None:
-        pass
-
     def handle(self, text: str) -> bool:
-        """As ChatState's, but a first turn that cannot reach the server or finds no such model
+        """As BaseChat's, but a first turn that cannot reach the server or finds no such model
         ends the chat with that error's exit code, as a model that fails to load does."""
         if self.last is None and text.strip() and not text.startswith("/"):
             try:
@@ -121,7 +107,7 @@ class RemoteChat(ChatState):
             except (NetworkError, ModelNotFoundError):
                 raise
             except InferError as e:
-                _note(f"error: {e}")
+                note(f"error: {e}")
             return True
         return super().handle(text)
 
@@ -131,14 +117,14 @@ class RemoteChat(ChatState):
 
     def _tokens(self) -> None:
         if self.last is None:
-            _say("no reply yet (the server counts the tokens of each turn)")
+            say("no reply yet (the server counts the tokens of each turn)")
             return
-        _say(f"{self._context_used()} tokens in the server's context after the last turn")
+        say(f"{self._context_used()} tokens in the server's context after the last turn")
 
     def _show(self) -> None:
-        _say(f"model: {self.model_name} (loaded in the infer server at {self.where.shown})\n"
-             f"system: {self.conversation.system or '(none)'}\n"
-             "context and template: the server's")
+        say(f"model: {self.model_name} (loaded in the infer server at {self.where.shown})\n"
+            f"system: {self.conversation.system or '(none)'}\n"
+            "context and template: the server's")
 
     def _context_used(self) -> int:
         if self.last is None:
@@ -147,45 +133,39 @@ class RemoteChat(ChatState):
 
     def _model(self, arg: str) -> None:
         if not arg:
-            _say(f"model: {self.model_name}")
+            say(f"model: {self.model_name}")
             return
         self.conversation.model = arg  # the server loads it for the next turn (or says it cannot)
-        _note(f"now chatting with {arg}; the next turn reads the conversation again")
+        note(f"now chatting with {arg}; the next turn reads the conversation again")
 
     def save(self, name: str) -> None:
         """The messages and the parameters set; the KV cache stays in the server."""
-        _write_session(name, {"fingerprint": None, "messages": self.conversation.messages, "tokens": [],
-                              "params": dict(self.overrides)}, None)
-        _note(f"saved session {name!r} (messages and parameters; the KV cache is the server's)")
+        write_session(name, {"fingerprint": None, "messages": self.conversation.messages, "tokens": [],
+                             "params": dict(self.overrides)}, None)
+        note(f"saved session {name!r} (messages and parameters; the KV cache is the server's)")
 
     def load(self, name: str) -> None:
         """A saved conversation and its parameters (those a server takes); a KV state saved
         with it stays on disk, for a chat with the model loaded here."""
-        meta, _kv = _read_session(name)
+        meta, _kv = read_session(name)
         overrides = {}
-        for key, value in meta["params"].items():
-            if key in _param_names():
-                with contextlib.suppress(UsageError):  # (a setting a server cannot take)
-                    remote.request_fields({key: _from_json(key, value)})
-                    overrides[key] = _from_json(key, value)
+        for key, value in saved_params(meta).items():
+            with contextlib.suppress(UsageError):  # (a setting a server cannot take)
+                remote.request_fields({key: value})
+                overrides[key] = value
         self.conversation.messages = list(meta["messages"])
         self.overrides = overrides
         self.params = remote.request_fields(overrides)
-        _note(f"loaded session {name!r}")
+        note(f"loaded session {name!r}")
 
     def _set(self, arg: str) -> None:
-        names = _param_names()
         if not arg:
-            _say("\n".join(f"{k} = {v!r}" for k, v in self.overrides.items()) or
-                 "no parameters set: the server's defaults apply")
+            say(list_overrides(self.overrides))
             return
-        key, _, value = arg.partition(" ")
-        key = _PARAM_ALIASES.get(key, key.replace("-", "_"))
-        if key == "ctx":
-            raise UsageError("ctx belongs where the model is loaded: give -c to `infer serve`")
-        if key not in names:
-            raise UsageError(f"unknown parameter {key!r}")
-        overrides = {**self.overrides, key: _parse_value(_param_types()[key], key, value.strip())}
+        setting = parse_setting(arg, hint="",
+                                no_ctx="ctx belongs where the model is loaded: give -c to `infer serve`")
+        overrides = {**self.overrides, **setting}
         self.params = remote.request_fields(overrides)  # (a setting the server cannot take fails here)
         self.overrides = overrides
-        _note(f"{key} = {overrides[key]!r}")
+        (key,) = setting
+        note(f"{key} = {overrides[key]!r}")

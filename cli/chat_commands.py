@@ -1,0 +1,161 @@
+"""What a chat does with each line typed, with the model loaded here (cli/chat_local.py) or
+in a server (cli/chat_remote.py): a message is a turn whose reply streams; a line that
+starts with / is a slash command."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from infer.cli.chat_input import keys_held
+from infer.cli.chat_output import note, say
+from infer.runtime.errors import InferError
+
+HELP = """commands:
+  /help              this list
+  /exit, /bye        leave (Ctrl-D too)
+  /clear             new conversation, same system prompt
+  /system TEXT       set the system prompt
+  /set PARAM VALUE   change a sampling parameter (ctx too); /set alone lists them
+  /undo              remove the last exchange
+  /retry             generate the last reply again
+  /stats             tokens, cached tokens, last turn's speed and time to first token
+  /tokens            how full the context is
+  /show              model, template and parameters
+  /model MODEL       switch to another model, keeping the conversation
+  /save NAME         save the conversation and its KV cache
+  /load NAME         continue a saved conversation"""
+
+
+class BaseChat:
+    """The turns and slash commands both chats share. Each chat has a conversation (send,
+    retry, clear, undo, set_system), its sampling parameters, and the commands that differ
+    where the model is loaded: model_name, _tokens, _show, _context_used, _model, _set,
+    save and load."""
+
+    conversation: Any
+    params: Any
+    reply: Callable[[], Any]  # a writer for the next reply
+    last: Any  # the last turn's Completion (None before the first)
+
+    def __enter__(self) -> BaseChat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    @property
+    def model_name(self) -> str:
+        raise NotImplementedError
+
+    def handle(self, text: str) -> bool:
+        """One line of input; False means leave."""
+        if not text.strip():
+            return True
+        if text.startswith("/"):
+            return self.command(text)
+        try:
+            self._stream(self.conversation.send(text, self.params))
+        except InferError as e:  # this turn fails; the chat goes on
+            note(f"error: {e}")
+        return True
+
+    def command(self, text: str) -> bool:
+        name, _, arg = text.strip().partition(" ")
+        arg = arg.strip()
+        try:
+            if name in ("/exit", "/bye"):
+                return False
+            if name == "/help":
+                say(HELP)
+            elif name == "/clear":
+                self.conversation.clear()
+                note("new conversation")
+            elif name == "/system":
+                self.conversation.set_system(arg or None)
+                note("system prompt set" if arg else "system prompt removed")
+            elif name == "/set":
+                self._set(arg)
+            elif name == "/undo":
+                note("removed the last exchange" if self.conversation.undo() else "nothing to undo")
+            elif name == "/retry":
+                self._stream(self.conversation.retry(self.params))
+            elif name == "/stats":
+                self._stats()
+            elif name == "/tokens":
+                self._tokens()
+            elif name == "/save":
+                self.save(arg)
+            elif name == "/load":
+                self.load(arg)
+            elif name == "/model":
+                self._model(arg)
+            elif name == "/show":
+                self._show()
+            else:
+                note(f"unknown command {name} (/help lists them)")
+        except InferError as e:
+            note(f"error: {e}")
+        return True
+
+    def _tokens(self) -> None:
+        raise NotImplementedError
+
+    def _show(self) -> None:
+        raise NotImplementedError
+
+    def _context_used(self) -> int:
+        raise NotImplementedError
+
+    def _model(self, arg: str) -> None:
+        raise NotImplementedError
+
+    def _set(self, arg: str) -> None:
+        raise NotImplementedError
+
+    def save(self, name: str) -> None:
+        raise NotImplementedError
+
+    def load(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _stats(self) -> None:
+        from infer.cli.speculation import describe
+
+        if self.last is None:
+            say("no reply yet")
+            return
+        c = self.last
+        say(f"context: {self._context_used()} tokens; last turn: {c.usage.prompt_tokens} "
+            f"prompt tokens ({c.usage.cached_tokens} cached, {c.timings.prefill_tokens} prefilled), "
+            f"{c.usage.completion_tokens} generated; time to first token {c.timings.ttft_ms:.0f} ms; "
+            f"prefill {c.timings.prefill_tps:.1f} tokens/s; "
+            f"decode {c.timings.decode_tps(c.usage.completion_tokens):.1f} tokens/s; "
+            f"{describe(c.usage, c.timings)}")
+
+    def _stream(self, events: Iterator[Any]) -> None:
+        from infer.runtime.messages import Dropped
+        from infer.runtime.results import Completion, Piece
+
+        reply = None
+        try:
+            with keys_held():
+                for event in events:
+                    if isinstance(event, Piece):
+                        reply = reply or self.reply()
+                        reply.write(event.text)
+                    elif isinstance(event, Dropped):
+                        note(f"context full: dropped the {event.exchanges} oldest exchange(s)")
+                    elif isinstance(event, Completion):
+                        self.last = event
+        except KeyboardInterrupt:
+            if not sys.stdin.isatty():
+                raise
+            if reply:
+                reply.close()
+                reply = None
+            note("(stopped)")
+        finally:
+            if reply:
+                reply.close()
