@@ -4,15 +4,24 @@ user typed, and the listing of `/set` alone."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
 
 from infer.runtime.errors import UsageError
+from infer.runtime.request_params import PARAMS, set_value
 
-_PARAM_ALIASES = {"temp": "temperature", "max-tokens": "max_tokens", "num_ctx": "ctx", "ctx-size": "ctx",
-                 "ctx_size": "ctx"}
-
+# The context size's names; a request parameter is also named by its long flags ("temp",
+# "max-tokens", "mirostat-lr"), from runtime/request_params.py's table.
+_CTX_NAMES = ("ctx", "num_ctx", "ctx-size", "ctx_size")
 _LIST_HINT = " (/set alone lists them)"
+
+
+def _field(key: str) -> str:
+    if key in _CTX_NAMES:
+        return "ctx"
+    for p in PARAMS.values():
+        if key in (f.lstrip("-") for f in p.flags if f.startswith("--")):
+            return p.field
+    return key.replace("-", "_")
 
 
 def parse_setting(arg: str, *, hint: str = _LIST_HINT, no_ctx: str | None = None) -> dict[str, Any]:
@@ -22,14 +31,14 @@ def parse_setting(arg: str, *, hint: str = _LIST_HINT, no_ctx: str | None = None
     error `/set ctx` gets."""
     key, _, value = arg.partition(" ")
     value = value.strip()
-    key = _PARAM_ALIASES.get(key, key.replace("-", "_"))
+    key = _field(key)
     if key == "ctx":
         if no_ctx is not None:
             raise UsageError(no_ctx)
-        return {key: _parse_value("int", "ctx", value)}
-    if key not in param_names():
+        return {key: _parse(key, "int", lambda: int(value), value)}
+    if key not in PARAMS:
         raise UsageError(f"unknown parameter {key!r}{hint}")
-    return {key: _parse_value(_param_types()[key], key, value)}
+    return {key: _parse(key, PARAMS[key].kind, lambda: set_value(PARAMS[key], value), value)}
 
 
 def list_settings(params: Any, n_ctx: int) -> str:
@@ -44,34 +53,13 @@ def list_overrides(overrides: Mapping[str, Any]) -> str:
 
 
 def param_names() -> list[str]:
-    from infer.runtime.sampling import SamplingParams
-
-    return [f.name for f in fields(SamplingParams) if not f.name.startswith("_")]
+    return list(PARAMS)
 
 
-def _param_types() -> dict[str, str]:
-    """Each sampling parameter's declared type, as written in SamplingParams."""
-    from infer.runtime.sampling import SamplingParams
-
-    return {f.name: str(f.type) for f in fields(SamplingParams)}
-
-
-def _parse_value(kind: str, key: str, value: str) -> Any:
-    """A /set value, read by the parameter's declared type ("none" clears an optional one)."""
-    from infer.runtime.sampling import parse_logit_bias
-
-    if kind.endswith("| None") and value.lower() in ("", "none"):
-        return None
-    kind = kind.removesuffix(" | None")
-    parsers: dict[str, Any] = {
-        "int": int, "float": float, "str": str,
-        "bool": lambda v: {"1": True, "true": True, "on": True, "yes": True,
-                           "0": False, "false": False, "off": False, "no": False}[v.lower()],
-        "tuple[str, ...]": lambda v: (v,) if v else (),
-        "tuple[tuple[int, float], ...]": lambda v: tuple(parse_logit_bias(x) for x in v.split()),
-    }
+def _parse(key: str, kind: str, read: Any, value: str) -> Any:
+    """A /set value read by `read`, or the error that says what `key` needs."""
     try:
-        return parsers[kind](value)
-    except (ValueError, KeyError):
+        return read()
+    except ValueError:
         what = {"int": "a whole number", "float": "a number", "bool": "on or off"}.get(kind, "a value")
         raise UsageError(f"{key} needs {what}, not {value!r}") from None

@@ -20,20 +20,6 @@ if TYPE_CHECKING:
 
     from infer.runtime.params import ContextParams
 
-# Click parameter name -> SamplingParams field, for flags whose value is used as is.
-_SAMPLING_FLAGS = {
-    "temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-    "typical_p": "typical_p", "repeat_penalty": "repeat_penalty",
-    "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "mirostat": "mirostat",
-    "mirostat_lr": "mirostat_eta", "mirostat_ent": "mirostat_tau",
-    "dry_multiplier": "dry_multiplier", "dry_base": "dry_base",
-    "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
-    "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold",
-    "ignore_eos": "ignore_eos",
-}
-
-
 def resolve(flags: Mapping[str, Any]) -> Any:
     """The model the MODEL argument names, downloaded with progress on stderr if needed."""
     from infer.cli.progress import DownloadProgress
@@ -67,39 +53,31 @@ def read_text_file(path: str | Path, what: str) -> str:
 
 
 def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
-    """The SamplingParams fields the user set explicitly, from a command's parsed flags."""
-    out: dict[str, Any] = {}
-    for flag, name in _SAMPLING_FLAGS.items():
-        value = flags.get(flag)
-        if value is not None and value is not False:
-            out[name] = value
-    max_tokens = flags.get("max_tokens")
-    if max_tokens is not None:
-        out["max_tokens"] = None if max_tokens == -1 else max_tokens
-    seed = flags.get("seed")
-    if seed is not None and seed != -1:
-        out["seed"] = seed
-    if flags.get("stop"):
-        out["stop"] = tuple(flags["stop"])
-    breakers = flags.get("dry_sequence_breaker")
-    if breakers:
-        out["dry_sequence_breakers"] = () if breakers == ["none"] else tuple(breakers)
-    if flags.get("logit_bias"):
-        from infer.runtime.sampling import parse_logit_bias
+    """The SamplingParams fields the user set explicitly, from a command's parsed flags (named
+    as the fields: cli/options.py declares one flag per entry of runtime/request_params.py)."""
+    from infer.runtime.request_params import PARAMS, parse_logit_bias
 
-        out["logit_bias"] = tuple(parse_logit_bias(s) for s in flags["logit_bias"])
-    grammar, grammar_file = flags.get("grammar"), flags.get("grammar_file")
+    out: dict[str, Any] = {}
+    for p in PARAMS.values():
+        value = flags.get(p.field)
+        if value is None or value is False or value == [] or value == ():
+            continue
+        if p.flag_none is not None and value == p.flag_none:  # llama.cpp's -1: no limit, a random seed
+            out[p.field] = None
+        elif p.field == "dry_sequence_breakers":
+            out[p.field] = () if list(value) == ["none"] else tuple(value)
+        elif p.kind == "biases":
+            out[p.field] = tuple(parse_logit_bias(s) for s in value)
+        else:
+            out[p.field] = tuple(value) if p.kind == "texts" else value
+    grammar, grammar_file = out.get("grammar"), flags.get("grammar_file")
     if grammar is not None and grammar_file is not None:
         raise UsageError("give --grammar or --grammar-file, not both")
     if grammar_file is not None:
-        grammar = read_text_file(grammar_file, "grammar file")
-    if grammar is not None:
-        out["grammar"] = grammar
-    schema = flags.get("json_schema")
-    if schema is not None:
-        if schema.startswith("@"):
-            schema = read_text_file(schema[1:], "JSON schema file")
-        out["json_schema"] = schema
+        out["grammar"] = read_text_file(grammar_file, "grammar file")
+    schema = out.get("json_schema")
+    if schema is not None and schema.startswith("@"):
+        out["json_schema"] = read_text_file(schema[1:], "JSON schema file")
     return out
 
 
@@ -190,10 +168,10 @@ def repack_off_by_environment() -> bool:
 
 def remember_checks() -> None:
     """Keep what the runtime checks once per machine (runtime/repack.py) in INFER_HOME."""
-    from infer.quant.paths import infer_home
+    from infer.quant.paths import repack_memo
     from infer.runtime import repack
 
-    repack.remember_in(infer_home)
+    repack.remember_in(repack_memo)
 
 
 def context_params(flags: Mapping[str, Any]) -> ContextParams:

@@ -20,78 +20,29 @@ SPECULATION = "Speculative decoding"
 CONTEXT = "Context and hardware"
 OUTPUT = "Output"
 
-# --- sampling ---------------------------------------------------------------
-MaxTokens = Annotated[int | None, typer.Option(
-    "-n", "--max-tokens", help="Tokens to generate at most (-1: until the end or a full context).",
-    rich_help_panel=SAMPLING)]
-Temperature = Annotated[float | None, typer.Option(
-    "--temp", "--temperature", help="Temperature; 0 is greedy and deterministic.",
-    rich_help_panel=SAMPLING)]
-TopK = Annotated[int | None, typer.Option("--top-k", help="Top-k sampling (0: off).",
-                                             rich_help_panel=SAMPLING)]
-TopP = Annotated[float | None, typer.Option("--top-p", help="Top-p (nucleus) sampling, in [0, 1].",
-                                               rich_help_panel=SAMPLING)]
-MinP = Annotated[float | None, typer.Option("--min-p", help="Min-p sampling, in [0, 1].",
-                                               rich_help_panel=SAMPLING)]
-TypicalP = Annotated[float | None, typer.Option("--typical-p", "--typical",
-                                                   help="Locally typical sampling, in [0, 1].",
-                                                   rich_help_panel=SAMPLING)]
-RepeatPenalty = Annotated[float | None, typer.Option(
-    "--repeat-penalty", help="Penalize repeated tokens (1.0: off).", rich_help_panel=SAMPLING)]
-RepeatLastN = Annotated[int | None, typer.Option(
-    "--repeat-last-n", help="Window of the repeat penalty in tokens (-1: whole context).",
-    rich_help_panel=SAMPLING)]
-PresencePenalty = Annotated[float | None, typer.Option(
-    "--presence-penalty", help="Lower every token already in the window by this, once (0: off).",
-    rich_help_panel=SAMPLING)]
-FrequencyPenalty = Annotated[float | None, typer.Option(
-    "--frequency-penalty", help="Lower every token by this for each time it is in the window (0: off).",
-    rich_help_panel=SAMPLING)]
-Seed = Annotated[int | None, typer.Option(
-    "--seed", help="Random seed (-1: random). The same seed gives the same text.",
-    rich_help_panel=SAMPLING)]
-Mirostat = Annotated[int | None, typer.Option("--mirostat", help="Mirostat: 0 off, 1 or 2.",
-                                                 rich_help_panel=SAMPLING)]
-MirostatLr = Annotated[float | None, typer.Option("--mirostat-lr", help="Mirostat eta.",
-                                                     rich_help_panel=SAMPLING)]
-MirostatEnt = Annotated[float | None, typer.Option("--mirostat-ent", help="Mirostat tau.",
-                                                      rich_help_panel=SAMPLING)]
-DryMultiplier = Annotated[float | None, typer.Option("--dry-multiplier",
-                                                        help="DRY repetition penalty (0: off).",
-                                                        rich_help_panel=SAMPLING)]
-DryBase = Annotated[float | None, typer.Option(
-    "--dry-base", help="DRY: how fast its penalty grows with the repeat's length (default 1.75).",
-    rich_help_panel=SAMPLING)]
-DryAllowedLength = Annotated[int | None, typer.Option(
-    "--dry-allowed-length", help="DRY: repeats this long or shorter are not penalized (default 2).",
-    rich_help_panel=SAMPLING)]
-DryPenaltyLastN = Annotated[int | None, typer.Option(
-    "--dry-penalty-last-n", help="DRY: the recent tokens it looks through (-1: the whole context).",
-    rich_help_panel=SAMPLING)]
-DrySequenceBreaker = Annotated[list[str] | None, typer.Option(
-    "--dry-sequence-breaker", help="Repeatable; 'none' clears the defaults.",
-    rich_help_panel=SAMPLING)]
-XtcProbability = Annotated[float | None, typer.Option(
-    "--xtc-probability", help="XTC: the chance, at each token, of leaving out the likeliest choices "
-    "(0: off).", rich_help_panel=SAMPLING)]
-XtcThreshold = Annotated[float | None, typer.Option(
-    "--xtc-threshold", help="XTC: choices at least this likely are left out, all but the least likely "
-    "of them (default 0.1).", rich_help_panel=SAMPLING)]
-LogitBias = Annotated[list[str] | None, typer.Option(
-    "--logit-bias", help="TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf; repeatable.",
-    rich_help_panel=SAMPLING)]
-Stop = Annotated[list[str] | None, typer.Option(
-    "--stop", help="Stop before this text (not printed); repeatable.", rich_help_panel=SAMPLING)]
-Grammar = Annotated[str | None, typer.Option("--grammar", help="A GBNF grammar the output must follow.",
-                                                rich_help_panel=SAMPLING)]
+# --- sampling: one option per entry of the request parameters' table (runtime/request_params.py)
+_FLAG_TYPES: dict[str, Any] = {"int": int | None, "float": float | None, "bool": bool, "text": str | None,
+                               "texts": list[str] | None, "biases": list[str] | None}
+
+
+def _sampling_options() -> tuple[tuple[str, Any, Any], ...]:
+    """(name, declaration, default) of each request parameter that has a flag, in the table's order,
+    with --grammar-file beside --grammar."""
+    from infer.runtime.request_params import PARAMS
+
+    out: list[tuple[str, Any, Any]] = []
+    for p in PARAMS.values():
+        if p.flags:
+            option = typer.Option(*p.flags, help=p.help, rich_help_panel=SAMPLING)
+            out.append((p.field, Annotated[_FLAG_TYPES[p.kind], option], False if p.kind == "bool" else None))
+        if p.field == "grammar":
+            out.append(("grammar_file", GrammarFile, None))
+    return tuple(out)
+
+
 GrammarFile = Annotated[Path | None, typer.Option(
     "--grammar-file", help="A file holding the GBNF grammar the output must follow.",
     rich_help_panel=SAMPLING)]
-JsonSchema = Annotated[str | None, typer.Option(
-    "--json-schema", help="A JSON schema the output must follow: inline JSON or @file.",
-    rich_help_panel=SAMPLING)]
-IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.",
-                                         rich_help_panel=SAMPLING)]
 
 # --- context and hardware ---------------------------------------------------
 CtxSize = Annotated[int | None, typer.Option(
@@ -176,18 +127,8 @@ Verbose = Annotated[bool, typer.Option("-v", "--verbose",
 # (name, declaration, default) of every option a model-running command takes.
 _MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("verbose", Verbose, False), ("offline", Offline, False),
-    ("max_tokens", MaxTokens, None), ("temp", Temperature, None), ("top_k", TopK, None),
-    ("top_p", TopP, None), ("min_p", MinP, None), ("typical_p", TypicalP, None),
-    ("repeat_penalty", RepeatPenalty, None), ("repeat_last_n", RepeatLastN, None),
-    ("presence_penalty", PresencePenalty, None), ("frequency_penalty", FrequencyPenalty, None),
-    ("seed", Seed, None), ("mirostat", Mirostat, None), ("mirostat_lr", MirostatLr, None),
-    ("mirostat_ent", MirostatEnt, None), ("dry_multiplier", DryMultiplier, None),
-    ("dry_base", DryBase, None), ("dry_allowed_length", DryAllowedLength, None),
-    ("dry_penalty_last_n", DryPenaltyLastN, None), ("dry_sequence_breaker", DrySequenceBreaker, None),
-    ("xtc_probability", XtcProbability, None), ("xtc_threshold", XtcThreshold, None),
-    ("logit_bias", LogitBias, None), ("stop", Stop, None), ("grammar", Grammar, None),
-    ("grammar_file", GrammarFile, None), ("json_schema", JsonSchema, None),
-    ("ignore_eos", IgnoreEos, False), ("ctx_size", CtxSize, None), ("batch_size", BatchSize, 2048),
+    *_sampling_options(),
+    ("ctx_size", CtxSize, None), ("batch_size", BatchSize, 2048),
     ("ubatch_size", UbatchSize, 512), ("threads", Threads, None), ("gpu_layers", GpuLayers, None),
     ("flash_attn", FlashAttn, "auto"), ("cache_type_k", CacheTypeK, "f16"),
     ("cache_type_v", CacheTypeV, "f16"), ("no_mmap", NoMmap, False),

@@ -24,7 +24,6 @@ from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, R
 TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
-    from pathlib import Path
     from typing import Any
 
 SERVER_VARIABLE = "INFER_SERVER"
@@ -41,17 +40,9 @@ SERVER_SIDE = {
     "tensor_split": "-ts/--tensor-split", "rpc": "--rpc", "explain": "--explain", "spec_type": "--spec-type",
     "model_draft": "-md/--model-draft", "spec_draft_n_max": "--spec-draft-n-max",
     "spec_draft_n_min": "--spec-draft-n-min", "draft_p_min": "--draft-p-min",
-    "spec_ngram_size": "--spec-ngram-size", "dry_sequence_breaker": "--dry-sequence-breaker",
+    "spec_ngram_size": "--spec-ngram-size",
     "chat_template_file": "--chat-template-file", "show_prompt": "--show-prompt", "no_cache": "--no-cache",
 }
-
-# SamplingParams fields the server takes under the same name (OpenAI's and llama-server's).
-_SAME_NAME = frozenset({
-    "temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "top_k", "min_p", "typical_p",
-    "repeat_penalty", "repeat_last_n", "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier",
-    "dry_base", "dry_allowed_length", "dry_penalty_last_n", "xtc_probability", "xtc_threshold",
-    "ignore_eos", "grammar", "max_tokens"})
-
 
 def address(flags: Mapping[str, Any]) -> Address | None:
     """The server to use: --server, else INFER_SERVER; None: load the model here. A malformed
@@ -61,8 +52,12 @@ def address(flags: Mapping[str, Any]) -> Address | None:
 
 
 def refuse_local_flags(flags: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
-    """A usage error naming the first flag given that only the server can honour."""
-    for name, spelled in SERVER_SIDE.items():
+    """A usage error naming the first flag given that only the server can honour: those of
+    SERVER_SIDE, and the request parameters a request cannot carry (no name in the API)."""
+    from infer.runtime.request_params import PARAMS
+
+    local = {p.field: "/".join(p.flags) for p in PARAMS.values() if p.flags and not p.names("llama_server")}
+    for name, spelled in {**SERVER_SIDE, **local}.items():
         value, default = flags.get(name), defaults.get(name)
         if value != default and not (_empty(value) and _empty(default)):
             raise UsageError(f"{spelled} belongs where the model is loaded: give it to `infer serve`, not "
@@ -70,24 +65,27 @@ def refuse_local_flags(flags: Mapping[str, Any], defaults: Mapping[str, Any]) ->
 
 
 def request_fields(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The request's sampling fields from infer's SamplingParams overrides."""
+    """The request's sampling fields from infer's SamplingParams overrides, each under its
+    name in the API (OpenAI's, else llama-server's: runtime/request_params.py)."""
+    from infer.runtime.request_params import PARAMS
+
     out: dict[str, Any] = {}
     for name, value in overrides.items():
         if value is None:  # not set: the server's default
             continue
-        if name in _SAME_NAME:
-            out[name] = value
-        elif name == "stop":
-            out["stop"] = list(value)
-        elif name == "logit_bias":  # OpenAI's form; -100 bans a token as -inf does here
+        param = PARAMS.get(name)
+        names = param.names("openai") + param.names("llama_server") if param else ()
+        if not names:
+            raise UsageError(f"the sampling setting {name} cannot be sent to a server")
+        if name == "logit_bias":  # OpenAI's form; -100 bans a token as -inf does here
             out["logit_bias"] = {str(t): max(min(b, 100.0), -100.0) for t, b in value}
-        elif name == "json_schema":
+        elif name == "json_schema":  # llama-server's field: the schema itself
             try:
                 out["json_schema"] = json.loads(value)
             except ValueError as e:
                 raise UsageError(f"--json-schema is not valid JSON: {e}") from None
         else:
-            raise UsageError(f"the sampling setting {name} cannot be sent to a server")
+            out[names[0]] = list(value) if param.kind == "texts" else value
     return out
 
 
@@ -124,17 +122,12 @@ class Address:
         self.shown = shown  # as the user wrote it, for messages
 
 
-def default_socket() -> Path:
-    """Where `infer serve` also listens, for its user alone: INFER_HOME/serve.sock."""
-    from infer.quant.paths import infer_home
-
-    return infer_home() / "serve.sock"
-
-
 def parse_address(text: str) -> Address:
     """http://HOST:PORT (or HOST:PORT), unix:PATH, or unix alone: this user's own server's socket."""
     if text in ("unix", "unix:"):
-        text = f"unix:{default_socket()}"
+        from infer.quant.paths import server_socket  # where `infer serve` also listens
+
+        text = f"unix:{server_socket()}"
     if text.startswith("unix:"):
         return Address("localhost", 0, text[len("unix:"):], text)
     url = urlsplit(text if "://" in text else f"http://{text}")

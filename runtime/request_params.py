@@ -1,17 +1,33 @@
-"""The request parameters' ranges, declared once: every surface that takes a sampling value
-(the CLI's flags, chat's /set, the server's request bodies, SamplingParams itself) refuses
-a value outside its range with the same check and the same words, naming it its own way
+"""Every request parameter, declared once: the table the rest of infer is derived from.
+
+An entry names a parameter's `SamplingParams` field, its kind, llama.cpp's default, its
+command-line spellings (llama.cpp's), the names each API gives it, its range and one
+line of help. From this table come: the `SamplingParams` dataclass (runtime/sampling.py),
+the Typer options of every model command (cli/options.py) and so the plain `infer run`
+parser (cli/plain_args.json, generated from Typer), the flags' reading (cli/flags.py),
+chat's `/set`, the remote client's request fields (cli/remote.py), the server's request
+validation (server/schema.py), the model's recommended defaults (GGUF metadata and
+models.toml) and the range checks. A new parameter is one entry here plus the code that
+uses it (for a sampler: runtime/sampling.py's `sampler_specs`).
+
+One rule per range: a flag, a `/set`, a request body and `SamplingParams` itself refuse a
+value outside its range with the same check and the same words, naming it their own way
 ("--top-p" on the command line, "top_p" in a request).
 
 Imports nothing native: the server's request validation and the CLI use it before any
-model is loaded. (Issue 31 grows this into the whole parameter table: flag spellings, API
-names, defaults and help.)
+model is loaded, and a plain `infer run` imports it on its way to the model.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from infer.runtime.errors import UsageError
+
+TYPE_CHECKING = False  # (typing costs the start-up of every call: cli/main.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @dataclass(frozen=True)
@@ -50,54 +66,161 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
+# The APIs whose names an entry may give (`Param.api`): the server speaks OpenAI's, with
+# llama-server's extensions; Ollama's, Anthropic's and OpenAI Responses' are for the
+# endpoints to come.
+APIS = ("openai", "llama_server", "ollama", "anthropic", "responses")
+
+# What a kind is in Python (the field's annotation; the flag's type is the same, with
+# a list for a repeatable one and TOKEN_ID+BIAS text for biases).
+KINDS = {"int": "int", "float": "float", "bool": "bool", "text": "str", "texts": "tuple[str, ...]",
+         "biases": "tuple[tuple[int, float], ...]"}
+
+
 @dataclass(frozen=True)
-class Numeric:
-    """A numeric request parameter: its SamplingParams field, kind and range."""
+class Param:
+    """One request parameter."""
 
-    field: str
-    kind: type  # int or float
-    range: Range
-    label: str  # its name in the runtime's words ("top-p"); a request names it its own way
+    field: str  # its SamplingParams field
+    kind: str  # a key of KINDS
+    default: Any  # llama.cpp's (None: unset, as for `seed`: a fresh random one)
+    help: str  # one line, for --help
+    flags: tuple[str, ...] = ()  # its command-line spellings; () for none
+    api: dict[str, str | tuple[str, ...]] = field(default_factory=dict)  # API -> its name(s) there
+    range: Range | None = None  # numbers only: the one rule for every surface
+    label: str = ""  # its name in the runtime's own messages ("top-p")
+    flag_none: int | None = None  # the flag value that means None (llama.cpp's -1: no limit, random)
+    gguf: str | None = None  # the GGUF key of the model's recommendation (general.sampling.*)
+    catalog: bool = False  # a models.toml alias may recommend it
+    optional: bool = False  # None is a value of the field
+
+    def names(self, api: str) -> tuple[str, ...]:
+        """Its names in `api` (the first is the one to send), none where it has no name there."""
+        name = self.api.get(api, ())
+        return (name,) if isinstance(name, str) else name
+
+    @property
+    def numeric(self) -> bool:
+        return self.kind in ("int", "float")
+
+    @property
+    def annotation(self) -> str:
+        return KINDS[self.kind] + (" | None" if self.optional else "")
 
 
-# One rule each. Where the server and the runtime disagreed, the rule is llama.cpp's (what
-# its samplers do something sensible with): temperature has no upper bound (OpenAI's cap of
-# 2 was the server's alone), top-p and typical-p take 0 (the most likely token alone, as
-# OpenAI's top_p 0; the runtime refused it), the repeat penalty and mirostat's tau and eta
-# must be above 0 (the server took 0: a division by zero), presence and frequency penalties
-# are unbounded (OpenAI's [-2, 2] was the server's alone).
-NUMERIC: dict[str, Numeric] = {p.field: p for p in (
-    Numeric("temperature", float, Range(0), "temperature"),
-    Numeric("top_k", int, Range(0), "top-k"),
-    Numeric("top_p", float, Range(0, 1), "top-p"),
-    Numeric("min_p", float, Range(0, 1), "min-p"),
-    Numeric("typical_p", float, Range(0, 1), "typical-p"),
-    Numeric("repeat_penalty", float, Range(0, low_open=True), "repeat penalty"),
-    Numeric("repeat_last_n", int, Range(-1), "repeat-last-n"),
-    Numeric("presence_penalty", float, Range(), "presence penalty"),
-    Numeric("frequency_penalty", float, Range(), "frequency penalty"),
-    Numeric("seed", int, Range(0, 0xFFFFFFFF), "seed"),
-    Numeric("mirostat", int, Range(only=(0, 1, 2)), "mirostat"),
-    Numeric("mirostat_tau", float, Range(0, low_open=True), "mirostat tau"),
-    Numeric("mirostat_eta", float, Range(0, low_open=True), "mirostat eta"),
-    Numeric("dry_multiplier", float, Range(0), "DRY multiplier"),
-    Numeric("dry_base", float, Range(1), "DRY base"),
-    Numeric("dry_allowed_length", int, Range(0), "DRY allowed length"),
-    Numeric("dry_penalty_last_n", int, Range(-1), "DRY penalty-last-n"),
-    Numeric("xtc_probability", float, Range(0, 1), "XTC probability"),
-    Numeric("xtc_threshold", float, Range(0, 1), "XTC threshold"),
+def _api(name: str, *, ollama: str | None = None, anthropic: str | None = None,
+         responses: str | None = None, openai: bool = False) -> dict[str, str | tuple[str, ...]]:
+    """Where an entry's name is the same in OpenAI (if `openai`) and llama-server, and Ollama's,
+    Anthropic's and Responses' names where those APIs have the parameter."""
+    names: dict[str, str | tuple[str, ...]] = {"llama_server": name}
+    if openai:
+        names["openai"] = name
+    for api, other in (("ollama", ollama), ("anthropic", anthropic), ("responses", responses)):
+        if other is not None:
+            names[api] = other
+    return names
+
+
+def _same(name: str, *apis: str) -> dict[str, str]:
+    return dict.fromkeys(apis, name)
+
+
+# In the order of --help (the sampling panel) and of `/set`'s list. Where the server and
+# the runtime disagreed, the rule is llama.cpp's (what its samplers do something sensible
+# with): temperature has no upper bound (OpenAI's cap of 2 was the server's alone), top-p and
+# typical-p take 0 (the most likely token alone, as OpenAI's top_p 0), the repeat penalty and
+# mirostat's tau and eta must be above 0 (0 divides by zero), presence and frequency
+# penalties are unbounded (OpenAI's [-2, 2] was the server's alone).
+PARAMS: dict[str, Param] = {p.field: p for p in (
+    Param("max_tokens", "int", None, "Tokens to generate at most (-1: until the end or a full context).",
+          ("-n", "--max-tokens"), optional=True, flag_none=-1,
+          api={"openai": ("max_completion_tokens", "max_tokens"), "llama_server": "n_predict",
+               "ollama": "num_predict", "anthropic": "max_tokens", "responses": "max_output_tokens"}),
+    Param("temperature", "float", 0.8, "Temperature; 0 is greedy and deterministic.",
+          ("--temp", "--temperature"), range=Range(0), label="temperature", gguf="general.sampling.temp",
+          catalog=True, api=_api("temperature", openai=True, ollama="temperature", anthropic="temperature",
+                                 responses="temperature")),
+    Param("top_k", "int", 40, "Top-k sampling (0: off).", ("--top-k",), range=Range(0), label="top-k",
+          gguf="general.sampling.top_k", catalog=True,
+          api=_api("top_k", ollama="top_k", anthropic="top_k")),
+    Param("top_p", "float", 0.95, "Top-p (nucleus) sampling, in [0, 1].", ("--top-p",), range=Range(0, 1),
+          label="top-p", gguf="general.sampling.top_p", catalog=True,
+          api=_api("top_p", openai=True, ollama="top_p", anthropic="top_p", responses="top_p")),
+    Param("min_p", "float", 0.05, "Min-p sampling, in [0, 1].", ("--min-p",), range=Range(0, 1),
+          label="min-p", gguf="general.sampling.min_p", catalog=True, api=_api("min_p", ollama="min_p")),
+    Param("typical_p", "float", 1.0, "Locally typical sampling, in [0, 1].", ("--typical-p", "--typical"),
+          range=Range(0, 1), label="typical-p", catalog=True, api=_api("typical_p", ollama="typical_p")),
+    Param("repeat_penalty", "float", 1.0, "Penalize repeated tokens (1.0: off).", ("--repeat-penalty",),
+          range=Range(0, low_open=True), label="repeat penalty", gguf="general.sampling.penalty_repeat",
+          catalog=True, api=_api("repeat_penalty", ollama="repeat_penalty")),
+    Param("repeat_last_n", "int", 64, "Window of the repeat penalty in tokens (-1: whole context).",
+          ("--repeat-last-n",), range=Range(-1), label="repeat-last-n",
+          gguf="general.sampling.penalty_last_n", catalog=True,
+          api=_api("repeat_last_n", ollama="repeat_last_n")),
+    Param("presence_penalty", "float", 0.0,
+          "Lower every token already in the window by this, once (0: off).", ("--presence-penalty",),
+          range=Range(), label="presence penalty", catalog=True,
+          api=_api("presence_penalty", openai=True, ollama="presence_penalty")),
+    Param("frequency_penalty", "float", 0.0,
+          "Lower every token by this for each time it is in the window (0: off).", ("--frequency-penalty",),
+          range=Range(), label="frequency penalty", catalog=True,
+          api=_api("frequency_penalty", openai=True, ollama="frequency_penalty")),
+    Param("seed", "int", None, "Random seed (-1: random). The same seed gives the same text.", ("--seed",),
+          range=Range(0, 0xFFFFFFFF), label="seed", optional=True, flag_none=-1,
+          api=_api("seed", openai=True, ollama="seed")),
+    Param("mirostat", "int", 0, "Mirostat: 0 off, 1 or 2.", ("--mirostat",), range=Range(only=(0, 1, 2)),
+          label="mirostat", gguf="general.sampling.mirostat", api=_api("mirostat", ollama="mirostat")),
+    Param("mirostat_eta", "float", 0.1, "Mirostat eta.", ("--mirostat-lr",), range=Range(0, low_open=True),
+          label="mirostat eta", gguf="general.sampling.mirostat_eta",
+          api=_api("mirostat_eta", ollama="mirostat_eta")),
+    Param("mirostat_tau", "float", 5.0, "Mirostat tau.", ("--mirostat-ent",), range=Range(0, low_open=True),
+          label="mirostat tau", gguf="general.sampling.mirostat_tau",
+          api=_api("mirostat_tau", ollama="mirostat_tau")),
+    Param("dry_multiplier", "float", 0.0, "DRY repetition penalty (0: off).", ("--dry-multiplier",),
+          range=Range(0), label="DRY multiplier", api=_api("dry_multiplier")),
+    Param("dry_base", "float", 1.75,
+          "DRY: how fast its penalty grows with the repeat's length (default 1.75).", ("--dry-base",),
+          range=Range(1), label="DRY base", api=_api("dry_base")),
+    Param("dry_allowed_length", "int", 2,
+          "DRY: repeats this long or shorter are not penalized (default 2).", ("--dry-allowed-length",),
+          range=Range(0), label="DRY allowed length", api=_api("dry_allowed_length")),
+    Param("dry_penalty_last_n", "int", -1,
+          "DRY: the recent tokens it looks through (-1: the whole context).", ("--dry-penalty-last-n",),
+          range=Range(-1), label="DRY penalty-last-n", api=_api("dry_penalty_last_n")),
+    Param("dry_sequence_breakers", "texts", ("\n", ":", '"', "*"),
+          "Repeatable; 'none' clears the defaults.", ("--dry-sequence-breaker",)),
+    Param("xtc_probability", "float", 0.0,
+          "XTC: the chance, at each token, of leaving out the likeliest choices (0: off).",
+          ("--xtc-probability",), range=Range(0, 1), label="XTC probability",
+          gguf="general.sampling.xtc_probability", api=_api("xtc_probability")),
+    Param("xtc_threshold", "float", 0.1,
+          "XTC: choices at least this likely are left out, all but the least likely of them (default 0.1).",
+          ("--xtc-threshold",), range=Range(0, 1), label="XTC threshold",
+          gguf="general.sampling.xtc_threshold", api=_api("xtc_threshold")),
+    Param("logit_bias", "biases", (), "TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf; repeatable.",
+          ("--logit-bias",), api=_same("logit_bias", "openai", "llama_server")),
+    Param("stop", "texts", (), "Stop before this text (not printed); repeatable.", ("--stop",),
+          api={**_same("stop", "openai", "llama_server", "ollama"), "anthropic": "stop_sequences"}),
+    Param("grammar", "text", None, "A GBNF grammar the output must follow.", ("--grammar",), optional=True,
+          api=_api("grammar")),
+    Param("json_schema", "text", None, "A JSON schema the output must follow: inline JSON or @file.",
+          ("--json-schema",), optional=True, api={"openai": "response_format", "llama_server": "json_schema",
+                                                  "ollama": "format", "responses": "text"}),
+    Param("ignore_eos", "bool", False, "Never stop at end-of-generation tokens.", ("--ignore-eos",),
+          api=_api("ignore_eos")),
 )}
 
 
 def out_of_range(field: str, value: float, name: str | None = None) -> str | None:
     """Why `value` cannot be `field` (called `name` where it was given; by default the
     runtime's words for it), or None."""
-    param = NUMERIC[field]
+    param = PARAMS[field]
     name = name or param.label
     if isinstance(value, float) and math.isnan(value):
         return f"{name} must be a number, got NaN"
     if isinstance(value, float) and math.isinf(value) and param.range == Range():
         return f"{name} must be finite, got {value}"
+    assert param.range is not None, field
     return None if param.range.holds(value) else f"{name} must be {param.range.words()}, got {value}"
 
 
@@ -108,3 +231,36 @@ def logit_bias_error(token: int, n_vocab: int | None = None) -> str | None:
     if n_vocab is not None and token >= n_vocab:
         return f"logit bias token id {token} is outside the vocabulary of {n_vocab}"
     return None
+
+
+def parse_logit_bias(spec: str) -> tuple[int, float]:
+    """llama.cpp's `TOKEN_ID(+|-)BIAS` form, e.g. `15043+1` or `15043-inf`."""
+    for i, ch in enumerate(spec):
+        if ch in "+-" and i > 0:
+            token_s, bias_s = spec[:i], spec[i:]
+            break
+    else:
+        raise UsageError(f"logit bias {spec!r} must look like TOKEN_ID+BIAS or TOKEN_ID-BIAS")
+    try:
+        token, bias = int(token_s), float(bias_s)
+    except ValueError:
+        raise UsageError(f"logit bias {spec!r} must look like TOKEN_ID+BIAS or TOKEN_ID-BIAS") from None
+    return token, bias
+
+
+def set_value(param: Param, text: str) -> Any:
+    """A value typed as text (chat's /set) in `param`'s kind; ValueError if it is not one.
+    'none' or nothing clears an optional parameter."""
+    if param.optional and text.lower() in ("", "none"):
+        return None
+    if param.kind == "bool":
+        words = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False,
+                 "no": False}
+        if text.lower() not in words:
+            raise ValueError(text)
+        return words[text.lower()]
+    if param.kind == "texts":
+        return (text,) if text else ()
+    if param.kind == "biases":
+        return tuple(parse_logit_bias(x) for x in text.split())
+    return {"int": int, "float": float, "text": str}[param.kind](text)

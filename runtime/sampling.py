@@ -1,8 +1,9 @@
 """Sampling parameters and the native llama.cpp sampler chain built from them.
 
-``SamplingParams`` is declared once here; the CLI collects only the flags a user
-set and layers them over the model's recommended defaults (GGUF
-``general.sampling.*``) and llama.cpp's own defaults, in ``SamplingParams.resolve``.
+``SamplingParams`` is made here from the request parameters' table
+(runtime/request_params.py); the CLI collects only the flags a user set and layers them
+over the model's recommended defaults (GGUF ``general.sampling.*``) and llama.cpp's own
+defaults, in ``SamplingParams.resolve``.
 """
 
 from __future__ import annotations
@@ -11,63 +12,23 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, make_dataclass, replace
 from typing import Any
 
 from infer.runtime.errors import UsageError
 from infer.runtime.llama import Model, SamplerChain, SamplerSpec, load_bindings_module
-from infer.runtime.request_params import NUMERIC, logit_bias_error, out_of_range
+from infer.runtime.request_params import PARAMS, logit_bias_error, out_of_range, parse_logit_bias
+
+__all__ = ["SamplingParams", "build_sampler_chain", "json_schema_to_grammar", "model_sampling_defaults",
+           "parse_logit_bias", "sampler_specs"]
 
 # GGUF `general.sampling.*` keys (written by llama.cpp's converter from a model's
 # generation_config.json) -> SamplingParams fields.
-MODEL_DEFAULT_KEYS = {
-    "general.sampling.temp": "temperature",
-    "general.sampling.top_k": "top_k",
-    "general.sampling.top_p": "top_p",
-    "general.sampling.min_p": "min_p",
-    "general.sampling.xtc_probability": "xtc_probability",
-    "general.sampling.xtc_threshold": "xtc_threshold",
-    "general.sampling.penalty_last_n": "repeat_last_n",
-    "general.sampling.penalty_repeat": "repeat_penalty",
-    "general.sampling.mirostat": "mirostat",
-    "general.sampling.mirostat_tau": "mirostat_tau",
-    "general.sampling.mirostat_eta": "mirostat_eta",
-}
-
-DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
+MODEL_DEFAULT_KEYS = {p.gguf: p.field for p in PARAMS.values() if p.gguf}
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to pick each next token and when to stop. Defaults are llama.cpp's."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None  # None: a fresh random seed, reported in the result
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
-    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    grammar: str | None = None
-    json_schema: str | None = None  # JSON text of a schema; becomes a grammar
-    stop: tuple[str, ...] = ()
-    max_tokens: int | None = None  # None: until end of generation or a full context
-    ignore_eos: bool = False
-    _schema_grammar: str | None = field(default=None, repr=False, compare=False)
+class _Sampling:
+    """The behaviour of SamplingParams, whose fields are the request parameters' table."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -77,11 +38,10 @@ class SamplingParams:
     @classmethod
     def resolve(cls, model_defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> SamplingParams:
         """llama.cpp's defaults, then the model's recommendations, then the user's flags."""
-        names = {f.name for f in fields(cls)}
-        unknown = set(overrides) - names
+        unknown = set(overrides) - set(PARAMS)
         if unknown:
             raise UsageError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
-        merged = {k: v for k, v in model_defaults.items() if k in names}
+        merged = {k: v for k, v in model_defaults.items() if k in PARAMS}
         merged.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**merged)
 
@@ -96,6 +56,17 @@ class SamplingParams:
         return self.grammar if self.grammar is not None else self._schema_grammar
 
 
+# How to pick each next token and when to stop: a frozen dataclass with one field per entry
+# of runtime/request_params.py's table (its default llama.cpp's), validated on creation.
+SamplingParams: Any = make_dataclass(
+    "SamplingParams",
+    [*((p.field, p.annotation, field(default=p.default)) for p in PARAMS.values()),
+     ("_schema_grammar", "str | None", field(default=None, repr=False, compare=False))],
+    bases=(_Sampling,), frozen=True)
+SamplingParams.__module__ = __name__  # (for pickle and repr; make_dataclass's `module=` is 3.12's)
+SamplingParams.__doc__ = "How to pick each next token and when to stop. Defaults are llama.cpp's."
+
+
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise UsageError(message)
@@ -106,10 +77,11 @@ def _refuse(problem: str | None) -> None:
         raise UsageError(problem)
 
 
-def _validate(p: SamplingParams) -> None:
-    for name in NUMERIC:  # (runtime/request_params.py: one rule per range)
-        value = getattr(p, name)
-        _refuse(None if value is None else out_of_range(name, value))
+def _validate(p: Any) -> None:
+    for param in PARAMS.values():  # (runtime/request_params.py: one rule per range)
+        value = getattr(p, param.field)
+        if param.range is not None and value is not None:
+            _refuse(out_of_range(param.field, value))
     _check(p.max_tokens is None or p.max_tokens >= 0,
            f"max tokens must be >= 0 (or -1 for no limit), got {p.max_tokens}")
     _check(all(s for s in p.stop), "stop strings must not be empty")
@@ -118,21 +90,6 @@ def _validate(p: SamplingParams) -> None:
     for token, bias in p.logit_bias:
         _refuse(logit_bias_error(token))
         _check(not math.isnan(bias), "logit bias must be a number")
-
-
-def parse_logit_bias(spec: str) -> tuple[int, float]:
-    """Parse llama.cpp's `TOKEN_ID(+|-)BIAS` form, e.g. `15043+1` or `15043-inf`."""
-    for i, ch in enumerate(spec):
-        if ch in "+-" and i > 0:
-            token_s, bias_s = spec[:i], spec[i:]
-            break
-    else:
-        raise UsageError(f"logit bias {spec!r} must look like TOKEN_ID+BIAS or TOKEN_ID-BIAS")
-    try:
-        token, bias = int(token_s), float(bias_s)
-    except ValueError:
-        raise UsageError(f"logit bias {spec!r} must look like TOKEN_ID+BIAS or TOKEN_ID-BIAS") from None
-    return token, bias
 
 
 # Validation keywords that llama-cpp-python's schema converter ignores: a grammar built
@@ -188,14 +145,13 @@ def json_schema_to_grammar(schema_text: str) -> str:
 
 def model_sampling_defaults(meta: Callable[[str], str | None]) -> dict[str, Any]:
     """The model's recommended sampling settings from its GGUF metadata."""
-    kinds = {f.name: f.type for f in fields(SamplingParams)}
     out: dict[str, Any] = {}
     for key, name in MODEL_DEFAULT_KEYS.items():
         raw = meta(key)
         if raw is None:
             continue
         try:
-            out[name] = int(float(raw)) if kinds[name] == "int" else float(raw)
+            out[name] = int(float(raw)) if PARAMS[name].kind == "int" else float(raw)
         except ValueError:
             continue
     return out

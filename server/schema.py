@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from infer.runtime.request_params import NUMERIC, out_of_range
+from infer.runtime.request_params import PARAMS, Param, out_of_range
 from infer.server.errors import ApiError, invalid, unsupported
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
@@ -66,14 +66,13 @@ _UNSUPPORTED = {
     "suffix": "a suffix (insertion)", "echo": "echoing the prompt",
 }
 
-# Sampling fields a request may set, under OpenAI's names and llama-server's (the same as
-# SamplingParams' fields); their ranges are runtime/request_params.py's, one rule for flags
-# and requests.
-_SAMPLING_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "top_k",
-                     "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "mirostat", "mirostat_tau",
-                     "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
-                     "xtc_probability", "xtc_threshold")
-_SAMPLING_OTHERS: dict[str, type] = {"ignore_eos": bool, "grammar": str}
+# The request parameters a body may set, under their OpenAI and llama-server names
+# (runtime/request_params.py's table), a number checked by the rule its flag is checked by.
+# Those with a form of their own in the API are read by the functions below.
+_OWN_FORM = ("max_tokens", "stop", "logit_bias", "json_schema")
+_REQUEST_PARAMS = tuple((p, tuple(dict.fromkeys(p.names("openai") + p.names("llama_server"))))
+                        for p in PARAMS.values() if p.field not in _OWN_FORM)
+_TYPES = {"bool": bool, "text": str}
 
 
 def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
@@ -101,14 +100,10 @@ def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
     if best_of is not None and best_of != (n or 1):
         raise unsupported("best_of", "best_of other than n")
     sampling: dict[str, Any] = {}
-    for name in _SAMPLING_NUMBERS:
-        value = _sampling_number(body, name)
+    for param, names in _REQUEST_PARAMS:
+        value = _request_value(body, param, names)
         if value is not None:
-            sampling[name] = value
-    for name, kind in _SAMPLING_OTHERS.items():
-        value = _optional(body, name, kind)
-        if value is not None:
-            sampling[name] = value
+            sampling[param.field] = value
     max_tokens = _max_tokens(body)
     if max_tokens is not None:
         sampling["max_tokens"] = max_tokens
@@ -177,19 +172,25 @@ def _number(body: dict[str, Any], name: str, kind: type, low: float | None, high
     return value
 
 
-def _sampling_number(body: dict[str, Any], name: str) -> Any:
-    """A sampling field of the request, checked by the rule flags are checked by."""
-    param = NUMERIC[name]
-    value = _number(body, name, param.kind, None, None)
-    problem = None if value is None else out_of_range(name, value, name)
-    if problem is not None:
-        raise invalid(name, problem)
-    return value
+def _request_value(body: dict[str, Any], param: Param, names: tuple[str, ...]) -> Any:
+    """A request parameter's value under the first of its `names` the body gives, a number
+    checked by the rule flags are checked by; None if none is given."""
+    for name in names:
+        if not param.numeric:
+            value = _optional(body, name, _TYPES[param.kind])
+        else:
+            value = _number(body, name, int if param.kind == "int" else float, None, None)
+            problem = None if value is None else out_of_range(param.field, value, name)
+            if problem is not None:
+                raise invalid(name, problem)
+        if value is not None:
+            return value
+    return None
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
-    values = [v for v in (_number(body, name, int, 1, None)
-                          for name in ("max_completion_tokens", "max_tokens", "n_predict")) if v is not None]
+    names = PARAMS["max_tokens"].names("openai") + PARAMS["max_tokens"].names("llama_server")
+    values = [v for v in (_number(body, name, int, 1, None) for name in names) if v is not None]
     return values[0] if values else None
 
 
