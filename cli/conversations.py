@@ -13,7 +13,7 @@ import os
 import re
 import time
 
-from infer.quant.paths import infer_home
+from infer.quant.paths import conversations_dir
 from infer.runtime.atomic import write_atomic
 from infer.runtime.errors import UsageError
 
@@ -42,21 +42,17 @@ class Record:
         return cls(os.urandom(6).hex(), model)
 
 
-def folder() -> Path:
-    return infer_home() / "conversations"
-
-
 def load(conversation_id: str | None) -> Record:
     """The conversation `conversation_id`, or the last one; UsageError if there is none."""
     if conversation_id is None:
         try:
-            conversation_id = (folder() / "last").read_text(encoding="utf-8").strip()
+            conversation_id = (conversations_dir() / "last").read_text(encoding="utf-8").strip()
         except OSError:
             raise UsageError("there is no conversation to continue yet") from None
     if not _ID.fullmatch(conversation_id):
         raise UsageError(f"{conversation_id!r} is not a conversation id (12 hex digits, shown by -v)")
     try:
-        data = json.loads((folder() / f"{conversation_id}.json").read_text(encoding="utf-8"))
+        data = json.loads((conversations_dir() / f"{conversation_id}.json").read_text(encoding="utf-8"))
         return Record(conversation_id, str(data["model"]), list(data["messages"]))
     except (OSError, ValueError, KeyError, TypeError):
         raise UsageError(f"no conversation {conversation_id}") from None
@@ -65,7 +61,7 @@ def load(conversation_id: str | None) -> Record:
 def save(record: Record) -> None:
     """Write the record and make it the last one (atomically); forget the oldest beyond KEEP."""
     data = {"id": record.id, "model": record.model, "messages": record.messages, "updated": time.time()}
-    where = folder()
+    where = conversations_dir()
     write_atomic(where / f"{record.id}.json", json.dumps(data, ensure_ascii=False).encode())
     write_atomic(where / "last", record.id.encode())
     names = [name for name in os.listdir(where) if name.endswith(".json")]

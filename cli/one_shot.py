@@ -82,11 +82,11 @@ def execute(flags: Mapping[str, Any]) -> None:
     loaded = Session.open_in_background(resolved.path, placed.params, devices=placed.handles)
     # While llama.cpp loads the model: import the template machinery (Jinja).
     from infer.cli.prompt_cache import open_cache
-    from infer.quant.paths import infer_home
+    from infer.quant.paths import template_cache_dir
     from infer.runtime.prompt import chat_prompt, preamble_len, raw_prompt
     from infer.runtime.template import use_compiled_cache
 
-    use_compiled_cache(infer_home() / "cache" / "templates")
+    use_compiled_cache(template_cache_dir())
     cache = None if flags["no_cache"] else open_cache()
 
     from infer.cli.speculation import attach

@@ -52,7 +52,6 @@ class Placed:
 
 
 _LAYOUTS: dict[str, ModelLayout] = {}
-_MEMO_NAME = "layouts.json"
 _MEMO_MAX = 64
 
 
@@ -63,7 +62,7 @@ def model_layout(path: Path) -> ModelLayout:
     kept in INFER_HOME/layouts.json for the next run of the same file.
     """
     from infer.quant.gguf_check import check_gguf
-    from infer.quant.paths import infer_home
+    from infer.quant.paths import layouts_memo
     from infer.runtime.atomic import write_atomic
 
     key = str(Path(path).resolve())
@@ -71,7 +70,7 @@ def model_layout(path: Path) -> ModelLayout:
         return _LAYOUTS[key]
     st = Path(key).stat()
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-    memo_path = infer_home() / _MEMO_NAME
+    memo_path = layouts_memo()
     try:
         memo = json.loads(memo_path.read_bytes())
         if not isinstance(memo, dict):

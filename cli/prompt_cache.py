@@ -14,11 +14,11 @@ _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 def open_cache() -> Any:
     """The prompt cache in INFER_HOME/cache/prompts, capped by INFER_PROMPT_CACHE_SIZE (default 2G)."""
-    from infer.quant.paths import infer_home
+    from infer.quant.paths import prompt_cache_dir
     from infer.runtime.prompt_cache import DEFAULT_MAX_BYTES, PromptCache
 
     size = os.environ.get(SIZE_VARIABLE, "").strip()
-    return PromptCache(infer_home() / "cache" / "prompts",
+    return PromptCache(prompt_cache_dir(),
                        max_bytes=parse_size(size) if size else DEFAULT_MAX_BYTES)
 
 

@@ -113,18 +113,17 @@ def execute(flags: Mapping[str, Any]) -> None:
     from infer.cli.prompt_cache import open_cache
 
     cache = None if flags["no_cache"] else open_cache()  # (a bad INFER_PROMPT_CACHE_SIZE fails here)
-    from infer.cli.remote import default_socket
+    from infer.quant.paths import server_socket, template_cache_dir
 
     sock = _bind(flags["host"], flags["port"])
-    local_path = default_socket()  # this user's own
+    local_path = server_socket()  # this user's own
     local = None if flags["no_socket"] else _bind_unix(local_path)
 
-    from infer.quant.paths import infer_home
     from infer.runtime.template import use_compiled_cache
     from infer.server.app import Config
     from infer.server.run import serve_forever
 
-    use_compiled_cache(infer_home() / "cache" / "templates")
+    use_compiled_cache(template_cache_dir())
 
     if api_key is None and not _is_loopback(flags["host"]):
         sys.stderr.write(f"infer: warning: listening on {flags['host']} without an API key: anyone who can "

@@ -8,10 +8,10 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from infer.cli.flags import resolve, spec_params
+from infer.quant.paths import speculation_profiles
 
 PROFILES_KEPT = 64  # model and settings combinations; the oldest are dropped
 PROFILE_METHOD = 2  # how profiles are measured (runtime.speculative.measure_batches): older ones are not used
@@ -52,12 +52,6 @@ def attach(flags: Mapping[str, Any], session: Any, placed: Any) -> Any:
     return session.speculator
 
 
-def profiles_path() -> Path:
-    from infer.quant.paths import infer_home
-
-    return infer_home() / "cache" / "speculation.json"
-
-
 def profile_key(session: Any, draft: Any, n_max: int) -> str:
     """What a cost profile depends on: the model files, where and how they run, llama.cpp."""
     import platform
@@ -77,7 +71,7 @@ def profile_key(session: Any, draft: Any, n_max: int) -> str:
 
 def _read_profiles() -> dict[str, Any]:
     try:
-        data = json.loads(profiles_path().read_text())
+        data = json.loads(speculation_profiles().read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -105,7 +99,7 @@ def save_profile(key: str, profile: dict[str, Any]) -> None:
     profiles[key] = profile  # the newest last; the oldest are dropped
     kept = dict(list(profiles.items())[-PROFILES_KEPT:])
     with contextlib.suppress(OSError):
-        write_atomic(profiles_path(), json.dumps(kept, indent=1).encode())
+        write_atomic(speculation_profiles(), json.dumps(kept, indent=1).encode())
 
 
 def usage_json(usage: Any) -> dict[str, int]:

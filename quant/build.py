@@ -21,6 +21,7 @@ from infer.quant.check import QualityReport, quality
 from infer.quant.convert import check_architecture, convert, size_label
 from infer.quant.convert.checkpoint import open_checkpoint, read_config
 from infer.quant.gguf_check import check_gguf
+from infer.quant.hub_reference import parse_hub_reference
 from infer.quant.paths import models_dir
 from infer.runtime.errors import ModelNotFoundError, ResourceError
 
@@ -47,7 +48,6 @@ def find_source(reference: str, *, offline: bool = False,
         check_gguf(path)
         return Source("gguf", path)
     from infer.quant.fetch import fetch_checkpoint
-    from infer.quant.registry import parse_hub_reference
 
     entry = load_catalog().get(reference)
     hub = parse_hub_reference(entry.source if entry else reference)

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from infer.quant.embedded import Embedded
-from infer.quant.paths import infer_home
+from infer.quant.hub_reference import REPO_ID
+from infer.quant.paths import user_catalog
 from infer.runtime.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -23,7 +24,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 SHIPPED = Path(__file__).resolve().parent.parent / "models.toml"
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ALIAS = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[a-z0-9._-]+)?$")
 
 # Sampling settings an entry may recommend (names as in infer.runtime.sampling).
@@ -59,14 +59,10 @@ class CatalogEntry:
     origin: Path = SHIPPED  # the file that defines it (the user's, where it adds or changes it)
 
 
-def user_catalog_path() -> Path:
-    return infer_home() / "models.toml"
-
-
 def load_catalog(user_file: Path | None = None) -> dict[str, CatalogEntry]:
     """Every alias: the shipped entries, then the user's file on top (key by key)."""
     raw = _read(SHIPPED)
-    user = user_catalog_path() if user_file is None else user_file
+    user = user_catalog() if user_file is None else user_file
     overlay = _read(user) if user.is_file() else {}
     merged: dict[str, dict[str, Any]] = {k: dict(v) for k, v in raw.items()}
     for alias, entry in overlay.items():

@@ -1,9 +1,10 @@
 """GGUF to GGUF with llama.cpp's own quantizer, run in a child process.
 
 llama.cpp aborts the whole process on some internal failures; in a child that is an
-error message, not a dead CLI. The child writes to a temporary name beside the
-output; the parent renames it into place when the child succeeded and removes it
-otherwise (Ctrl-C included).
+error message, not a dead CLI. The child (quant/quantize_child.py) writes to a temporary
+name beside the output; the parent renames it into place when the child succeeded and
+removes it otherwise (Ctrl-C included). The child's stderr is llama.cpp's log: each
+tensor's "[ i/ n]" line is progress, and the last lines say why it failed.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def quantize(src: Path, dst: Path, quant: str, *, threads: int = 0, imatrix: Pat
 
         load_imatrix(imatrix)  # a bad file is the user's error, before the child starts
     tmp = dst.with_name(f".{dst.name}.partial")
-    cmd = [sys.executable, "-c", "from infer.quant.quantize import _child; _child()",
+    cmd = [sys.executable, "-m", "infer.quant.quantize_child",
            str(src), str(tmp), str(ftype), str(threads), str(imatrix or "")]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, errors="replace")
@@ -76,41 +77,3 @@ def quantize(src: Path, dst: Path, quant: str, *, threads: int = 0, imatrix: Pat
         proc.wait()
         tmp.unlink(missing_ok=True)
         raise
-
-
-def _child() -> None:  # pragma: no cover - runs in the child process
-    """Entry point of the child: quantize, report llama.cpp's log on stderr, exit with a code."""
-    import ctypes
-    import logging
-    import signal
-
-    from infer.runtime.llama import C, init_backend
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # the parent cleans up; die at once
-    src, dst, ftype, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    imatrix_file = sys.argv[5] if len(sys.argv) > 5 else ""
-    handler = logging.StreamHandler(sys.stderr)
-    logging.getLogger("infer").addHandler(handler)
-    logging.getLogger("infer").setLevel(logging.INFO)
-    init_backend()
-    params = C.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.nthread = threads
-    keep = []  # the arrays the C side reads must outlive the call
-    if imatrix_file:
-        from pathlib import Path
-
-        from infer.quant.imatrix import load_imatrix
-
-        values = load_imatrix(Path(imatrix_file))
-        entries = (C.llama_model_imatrix_data * (len(values) + 1))()  # zeroed terminator last
-        for i, (name, data) in enumerate(values.items()):
-            raw = data.astype("float32")
-            keep += [name.encode(), raw]
-            entries[i].name = keep[-2]
-            entries[i].data = raw.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            entries[i].size = raw.size
-        params.imatrix = entries
-    rc = C.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
-    sys.stderr.flush()
-    sys.exit(0 if rc == 0 else 1)

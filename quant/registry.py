@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infer.quant.gguf_check import check_gguf
-from infer.quant.paths import infer_home, known_output
+from infer.quant.hub_reference import HubReference, parse_hub_reference
+from infer.quant.paths import checked_gguf_memo, known_output
 from infer.quant.quants import SPLIT_PART, quant_of
 from infer.runtime.atomic import write_atomic
-from infer.runtime.errors import ModelError, ModelNotFoundError, NetworkError, UsageError
+from infer.runtime.errors import ModelError, ModelNotFoundError, NetworkError
 
 if TYPE_CHECKING:
     from infer.quant.catalog import CatalogEntry
 
-_HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)
-_MEMO_NAME = "checked-gguf.json"
 _MEMO_MAX = 512
 
 
@@ -44,25 +42,6 @@ class ResolvedModel:
     repo: str | None = None
     quant: str | None = None
     package: str | None = None  # the installed package whose file this is (embedded models)
-
-
-@dataclass(frozen=True)
-class HubReference:
-    repo: str
-    quant: str | None
-
-
-def parse_hub_reference(reference: str) -> HubReference | None:
-    """`owner/repo`, `owner/repo:QUANT`, with an optional `hf.co/` prefix; None if not one."""
-    from infer.quant.catalog import REPO_ID
-
-    text = _HUB_PREFIX.sub("", reference.strip())
-    repo, _, quant = text.partition(":")
-    if not REPO_ID.match(repo):
-        return None
-    if quant and not re.fullmatch(r"[A-Za-z0-9_-]+", quant):
-        raise UsageError(f"{reference}: {quant!r} is not a quant type such as Q4_K_M")
-    return HubReference(repo, quant or None)
 
 
 def hub_reference_for(reference: str, entry: CatalogEntry | None = None) -> HubReference | None:
@@ -151,7 +130,7 @@ def verify_gguf(path: Path) -> None:
     st = path.stat()
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
     key = str(path.resolve())  # in the Hugging Face cache: the blob the snapshot link names
-    memo_path = infer_home() / _MEMO_NAME
+    memo_path = checked_gguf_memo()
     memo = _read_memo(memo_path)
     if memo.get(key) == stamp:
         return

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from infer.quant.catalog import load_catalog
-from infer.quant.paths import infer_home
+from infer.quant.paths import last_used_memo
 from infer.quant.quants import group_by_quant
 from infer.runtime.atomic import write_atomic
 from infer.runtime.errors import ModelNotFoundError
-
-_USAGE_NAME = "last-used.json"
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class LocalModel:
 def record_use(path: Path, at: float | None = None) -> None:
     """Remember that the model at `path` ran now, or at time `at` (for `infer list`); never
     fails a run."""
-    usage_path = infer_home() / _USAGE_NAME
+    usage_path = last_used_memo()
     usage = _read_usage(usage_path)
     usage[str(path)] = time.time() if at is None else at
     with contextlib.suppress(OSError):
@@ -64,7 +62,7 @@ def cached_models() -> list[LocalModel]:
         cache = scan_cache_dir()
     except CacheNotFound:
         return []
-    usage = _read_usage(infer_home() / _USAGE_NAME)
+    usage = _read_usage(last_used_memo())
     aliases = {(e.repo, e.quant.upper()): e.alias for e in load_catalog().values()}
     models = []
     for repo in cache.repos:
@@ -92,7 +90,7 @@ def embedded_models() -> list[LocalModel]:
     from infer.quant.embedded import embedded_file
     from infer.quant.quants import quant_of
 
-    usage = _read_usage(infer_home() / _USAGE_NAME)
+    usage = _read_usage(last_used_memo())
     found: dict[Path, LocalModel] = {}
     for entry in load_catalog().values():
         path = embedded_file(entry.embedded) if entry.embedded is not None else None

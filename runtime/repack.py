@@ -7,10 +7,10 @@ machines those kernels kill the process: a native build of llama.cpp on an Intel
 with AMX dies with SIGILL in ggml's AMX code at the first prefill (upstream:
 ggml-org/llama.cpp#26954, #28756). A crash cannot be caught in the process it kills, so
 the path is tried in a child process (runtime/repack_probe.py) before the first model
-loads with it. The answer is kept per llama.cpp build, CPU and kernel (``remember_in``:
-the CLI keeps it in INFER_HOME), so the check costs under a second once per machine and
-build. Where the child died, models load with ``use_extra_bufts = false`` (llama.cpp's
-``-nr/--no-repack``); where it ran, nothing changes.
+loads with it. The answer is kept per llama.cpp build, CPU and kernel in the file the
+caller names (``remember_in``: the CLI's is INFER_HOME/repack-check.json), so the check
+costs under a second once per machine and build. Where the child died, models load with
+``use_extra_bufts = false`` (llama.cpp's ``-nr/--no-repack``); where it ran, nothing changes.
 
 ``Model`` asks ``allowed()``; a caller that wants repacking off (``--no-repack``) passes
 ``repack=False`` to ``Model`` and no check runs.
@@ -33,7 +33,6 @@ from infer.runtime.log import logger
 
 log = logger("infer.repack")
 
-MEMO_NAME = "repack-check.json"
 CHECK_TIMEOUT_S = 120.0
 _KEEP = 16  # verdicts kept in the memo (other builds, kernels, machines sharing a home)
 
@@ -74,11 +73,11 @@ _settled: Verdict | None = None
 _lock = threading.Lock()
 
 
-def remember_in(folder: Callable[[], Path | None] | None) -> None:
-    """Keep verdicts in ``folder()/repack-check.json`` (called when the first check runs);
+def remember_in(memo: Callable[[], Path | None] | None) -> None:
+    """Keep verdicts in the file ``memo()`` names (called when the first check runs);
     None: check once per process."""
     global _memo
-    _memo = folder
+    _memo = memo
 
 
 def settle(verdict: Verdict | None) -> None:
@@ -100,8 +99,7 @@ def verdict(*, fresh: bool = False) -> Verdict:
     with _lock:
         if _settled is not None and not fresh:
             return _settled
-        folder = _memo() if _memo is not None else None
-        found = _decide(folder / MEMO_NAME if folder else None, fresh=fresh)
+        found = _decide(_memo() if _memo is not None else None, fresh=fresh)
         if not found.repack:
             log.info("weight repacking is off (as llama.cpp's -nr): %s; 'infer doctor' says how to "
                      "fix it", found.detail)

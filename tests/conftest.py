@@ -91,13 +91,12 @@ def repack_memo(tmp_path_factory: pytest.TempPathFactory) -> bytes | None:
     crash, the tests run without them, as infer does."""
     from infer.runtime import repack
 
-    folder = tmp_path_factory.mktemp("repack-check")
-    repack.remember_in(lambda: folder)
+    memo = tmp_path_factory.mktemp("repack-check") / "repack-check.json"
+    repack.remember_in(lambda: memo)
     try:
         repack.verdict()
     finally:
         repack.remember_in(None)
-    memo = folder / repack.MEMO_NAME
     return memo.read_bytes() if memo.exists() else None  # (None: this build has nothing to check)
 
 
@@ -105,13 +104,13 @@ def repack_memo(tmp_path_factory: pytest.TempPathFactory) -> bytes | None:
 def infer_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repack_memo: bytes | None) -> Path:
     """Every test gets its own infer home folder, which knows the repacking check's answer (as
     on any machine after infer's first run; tests of the check remove it)."""
-    from infer.runtime.repack import MEMO_NAME
+    from infer.quant import paths
 
     home = tmp_path / "infer-home"
+    monkeypatch.setenv("INFER_HOME", str(home))
     if repack_memo is not None:
         home.mkdir()
-        (home / MEMO_NAME).write_bytes(repack_memo)
-    monkeypatch.setenv("INFER_HOME", str(home))
+        paths.repack_memo().write_bytes(repack_memo)
     monkeypatch.delenv("INFER_DEBUG", raising=False)
     monkeypatch.delenv("INFER_NO_REPACK", raising=False)
     monkeypatch.delenv("INFER_TEST_REPACK_CRASH", raising=False)

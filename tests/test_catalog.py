@@ -6,8 +6,8 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 
 from infer.quant.catalog import SHIPPED, load_catalog
+from infer.quant.hub_reference import parse_hub_reference
 from infer.quant.quants import PREFERENCE, choose, group_by_quant, quant_of
-from infer.quant.registry import parse_hub_reference
 from infer.runtime.errors import UsageError
 from infer.runtime.sampling import SamplingParams
 

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from infer.cli import conversations
+from infer.quant.paths import conversations_dir
 from infer.runtime.errors import UsageError
 
 
@@ -25,10 +26,10 @@ def test_only_the_newest_records_are_kept(infer_home, monkeypatch):
     for i in range(8):
         record = conversations.Record.new("m")
         conversations.save(record)
-        path = conversations.folder() / f"{record.id}.json"
+        path = conversations_dir() / f"{record.id}.json"
         os.utime(path, (1_000_000 + i, 1_000_000 + i))  # (the order, whatever the clock's resolution)
         ids.append(record.id)
-    kept = sorted(p.stem for p in conversations.folder().glob("*.json"))
+    kept = sorted(p.stem for p in conversations_dir().glob("*.json"))
     # The sixth save found 6 > KEEP and kept the newest KEEP - SLACK; the next two were added.
     assert kept == sorted(ids[3:]), "the oldest records go, never the newer ones"
     assert len(kept) <= 5

@@ -19,11 +19,12 @@ from conftest import run_cli
 
 from infer.cli.doctor import rebuild_without
 from infer.runtime import repack
-from infer.runtime.repack import MEMO_NAME, Verdict
+from infer.runtime.repack import Verdict
 from infer.runtime.repack_probe import build_model
 
 # llama.cpp's load log: "load_tensors:   CPU_REPACK model buffer size =     1.43 MiB"
 BUFFER_LINE = re.compile(r"(\S+) model buffer size")
+MEMO_NAME = "repack-check.json"  # where infer keeps the check's verdicts in INFER_HOME
 
 
 @pytest.fixture(scope="module")
@@ -153,17 +154,18 @@ def test_the_quality_check_of_quantize_loads_as_asked(monkeypatch, tmp_path):
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """A process state that has not checked yet, remembering in tmp_path."""
+    """A process state that has not checked yet, remembering in a file in tmp_path (returned)."""
+    memo = tmp_path / MEMO_NAME
     monkeypatch.setattr(repack, "_settled", None)
-    monkeypatch.setattr(repack, "_memo", lambda: tmp_path)
-    return tmp_path
+    monkeypatch.setattr(repack, "_memo", lambda: memo)
+    return memo
 
 
 def test_the_verdict_is_kept_per_build_cpu_and_kernel(fresh, monkeypatch, extra, works_here):
     found = repack.verdict()
     assert found.outcome == (Verdict.WORKS if works_here else Verdict.CRASHED)
     assert found.repack is works_here and found.buffers == tuple(extra)
-    memo = json.loads((fresh / MEMO_NAME).read_text())["checks"]
+    memo = json.loads(fresh.read_text())["checks"]
     assert list(memo) == [repack.machine_key()]
     # Remembered: no child process the second time.
     monkeypatch.setattr(repack, "_settled", None)
@@ -189,20 +191,20 @@ def test_a_check_that_cannot_run_leaves_repacking_on_and_says_why(fresh, monkeyp
     monkeypatch.setattr(sys, "executable", "/bin/false")
     found = repack.verdict()
     assert found.outcome == Verdict.UNKNOWN and found.repack and "exit 1" in found.detail
-    assert (fresh / MEMO_NAME).exists()  # not tried on every run: doctor --recheck tries again
+    assert fresh.exists()  # not tried on every run: doctor --recheck tries again
 
 
 def test_a_check_that_hangs_is_not_remembered(fresh, monkeypatch, extra):
     monkeypatch.setattr(repack, "CHECK_TIMEOUT_S", 0.01)
     found = repack.verdict()
     assert found.outcome == Verdict.UNKNOWN and found.repack and "did not finish" in found.detail
-    assert not (fresh / MEMO_NAME).exists()
+    assert not fresh.exists()
 
 
 def test_a_damaged_memo_is_checked_again(fresh, extra, works_here):
-    (fresh / MEMO_NAME).write_text("{not json")
+    fresh.write_text("{not json")
     assert repack.verdict().repack is works_here
-    assert json.loads((fresh / MEMO_NAME).read_text())["checks"]
+    assert json.loads(fresh.read_text())["checks"]
 
 
 def test_the_rebuild_leaves_out_what_crashed():

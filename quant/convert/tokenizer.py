@@ -5,13 +5,8 @@ Two kinds of BPE tokenizer are supported:
 * byte-level BPE (Llama 3, Qwen 2/3, GPT-2): GGUF model ``gpt2`` with the merges, and
   the pre-tokenizer named after its Split regex (``tokenizer.ggml.pre``);
 * SentencePiece-style BPE with byte fallback (Llama 2, Mistral), from ``tokenizer.json``
-  alone: GGUF model ``llama``, llama.cpp's SentencePiece tokenizer. It merges any two
-  adjacent pieces whose concatenation is a token, best score first, leftmost on ties;
-  each token's score is minus the rank of the first merge that makes it, which
-  reproduces the Hugging Face merge order when every split of a token into two tokens is
-  a merge and a token's merges are listed together (both are checked here). Only ties
-  between two splits of one token competing for the same piece could still differ
-  (Hugging Face ranks the splits, llama.cpp takes the leftmost); none was ever seen.
+  alone: GGUF model ``llama``, llama.cpp's SentencePiece tokenizer, with scores that
+  reproduce the Hugging Face merge order (quant/convert/spm.py).
 
 What llama.cpp cannot do is refused with a ModelError rather than converted into a
 file that tokenizes differently. Not reproduced, as llama.cpp lacks them: added tokens'
@@ -32,6 +27,7 @@ from typing import Any
 
 import gguf
 
+from infer.quant.convert.spm import spm_scores, spm_space_prefix, spm_user_texts
 from infer.runtime.errors import ModelError
 
 K = gguf.Keys.Tokenizer
@@ -58,7 +54,6 @@ FIM_TEXTS = {"<|fim_prefix|>": K.FIM_PRE_ID, "<|fim_suffix|>": K.FIM_SUF_ID,
              "<|repo_name|>": K.FIM_REP_ID, "<|file_sep|>": K.FIM_SEP_ID}
 _ROLE_KEYS = {"bos": K.BOS_ID, "eos": K.EOS_ID, "unk": K.UNK_ID, "pad": K.PAD_ID}
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
-SPM_SPACE = "▁"
 
 
 @dataclass(frozen=True)
@@ -111,9 +106,9 @@ def load_vocab(folder: Path) -> Vocab:
         specials = _special_ids(config, model, folder, tokens, types, index)
         add_bos, add_eos = _post_processor_adds(data.get("post_processor"), specials, path)
         if byte_fallback:
-            scores = _spm_scores(tokens, types, index, merges, path)
-            return Vocab("llama", "default", tuple(_spm_user_texts(tokens, types, path)), tuple(types),
-                         scores, (), specials, add_bos, add_eos, _spm_space_prefix(data, path), template)
+            scores = spm_scores(tokens, types, index, merges, path)
+            return Vocab("llama", "default", tuple(spm_user_texts(tokens, types, path)), tuple(types),
+                         scores, (), specials, add_bos, add_eos, spm_space_prefix(data, path), template)
         return Vocab("gpt2", _byte_level_pre(data, model, path), tuple(tokens), tuple(types), None,
                      _merge_strings(merges, path), specials, add_bos, add_eos, None, template)
     except (KeyError, TypeError, AttributeError, ValueError) as e:
@@ -252,79 +247,6 @@ def _byte_level_pre(data: dict[str, Any], model: dict[str, Any], path: Path) -> 
         raise ModelError(f"{path}: unknown byte-level BPE pre-tokenizer regex {regex!r} "
                          f"(ignore_merges={bool(model.get('ignore_merges'))})")
     return name
-
-
-# -- SentencePiece-style BPE ---------------------------------------------------------------
-
-
-def _spm_scores(tokens: list[str], types: list[int], index: dict[str, int],
-                merges: list[tuple[str, str]], path: Path) -> tuple[float, ...]:
-    """Scores under which llama.cpp's SentencePiece merge order equals the BPE merge ranks.
-
-    User-defined tokens (added, not special: Gemma's runs of spaces, tabs and newlines,
-    its HTML tags) are left out. SentencePiece matches them whole before BPE, and so does
-    llama.cpp (longest first); Hugging Face's export makes them with merges ranked before
-    all others, listed in no particular order (Gemma 3: 1,395 such merges, interleaved
-    run by run), which makes the same tokens. Without them, Gemma 3's merges are listed
-    token by token in the order of the token ids, i.e. of SentencePiece's scores.
-    """
-    user = {tokens[i] for i, kind in enumerate(types) if kind == T.USER_DEFINED}
-    first: dict[str, int] = {}
-    previous = None
-    for rank, (a, b) in enumerate(merges):
-        made = a + b
-        if made in user:
-            continue
-        if made != previous and made in first:
-            raise ModelError(f"{path}: the merges making {made!r} are not listed together; llama.cpp's "
-                             "SentencePiece tokenizer cannot reproduce that order")
-        first.setdefault(made, rank)
-        previous = made
-    pairs = set(merges)
-    for text in tokens:
-        if text in user:
-            continue
-        for cut in range(1, len(text)):
-            a, b = text[:cut], text[cut:]
-            if a in index and b in index and (a, b) not in pairs:
-                raise ModelError(f"{path}: {text!r} splits into the tokens {a!r} + {b!r} but no merge "
-                                 "joins them; llama.cpp would join them")
-    missing = [f"<0x{b:02X}>" for b in range(256) if f"<0x{b:02X}>" not in index]
-    if missing:
-        raise ModelError(f"{path}: byte_fallback without the byte token {missing[0]}")
-    return tuple(-float(first[t]) if t in first else 0.0 for t in tokens)
-
-
-def _spm_user_texts(tokens: list[str], types: list[int], path: Path) -> list[str]:
-    """Token texts as llama.cpp's SentencePiece tokenizer needs them: it finds user-defined
-    tokens in the text before spaces become "▁", so theirs are written with spaces (as
-    llama.cpp's own converter does)."""
-    out = [t.replace(SPM_SPACE, " ") if kind == T.USER_DEFINED else t
-           for t, kind in zip(tokens, types, strict=True)]
-    if len(set(out)) != len(out):
-        raise ModelError(f"{path}: a user-defined token is another token with '▁' for ' '; "
-                         "llama.cpp needs unique tokens")
-    return out
-
-
-def _spm_space_prefix(data: dict[str, Any], path: Path) -> bool:
-    """Whether a "▁" starts the text: the Prepend("▁") + Replace(" ", "▁") normalizer, or Metaspace."""
-    normalizer, pre = data.get("normalizer"), data.get("pre_tokenizer")
-    if (normalizer is not None and pre == {"type": "Split", "pattern": {"String": " "},
-                                           "behavior": "MergedWithPrevious", "invert": False}):
-        pre = None  # Gemma's: splits at spaces the normalizer has already made "▁", so never
-    if (normalizer is None and pre and pre.get("type") == "Metaspace" and not pre.get("split", True)
-            and pre.get("replacement") == SPM_SPACE and pre.get("prepend_scheme") in ("always", "never")):
-        return pre["prepend_scheme"] == "always"
-    if pre is None and normalizer is not None:
-        steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
-        replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPM_SPACE}
-        if steps == [replace]:
-            return False
-        if steps == [{"type": "Prepend", "prepend": SPM_SPACE}, replace]:
-            return True
-    raise ModelError(f"{path}: unsupported normalizer/pre-tokenizer for a byte-fallback BPE "
-                     f"({(normalizer or {}).get('type')}/{(pre or {}).get('type')})")
 
 
 # -- special tokens, post-processor, chat template ----------------------------------------
