@@ -46,11 +46,11 @@ def read_session(name: str) -> tuple[dict[str, Any], bytes | None]:
 def _session_folder(name: str) -> Any:
     import re
 
-    from infer.quant.paths import infer_home
+    from infer.quant.paths import chat_sessions_dir
 
     if not name or not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", name) or name.startswith("."):
         raise UsageError("a session name is letters, digits, '.', '_' or '-'")
-    return infer_home() / "sessions" / name
+    return chat_sessions_dir() / name
 
 
 def params_dict(params: Any) -> dict[str, Any]:

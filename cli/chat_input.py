@@ -70,9 +70,9 @@ def terminal_messages(model_name: str) -> Iterator[str]:
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.key_binding import KeyBindings
 
-    from infer.quant.paths import infer_home
+    from infer.quant.paths import chat_history_dir
 
-    history_dir = infer_home() / "history"
+    history_dir = chat_history_dir()
     history_dir.mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)[:100]
     keys = KeyBindings()

@@ -17,6 +17,7 @@ from infer.quant.embedded import Embedded
 from infer.quant.hub_reference import REPO_ID
 from infer.quant.paths import user_catalog
 from infer.runtime.errors import UsageError
+from infer.runtime.request_params import PARAMS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,12 +27,8 @@ else:  # pragma: no cover - Python 3.10
 SHIPPED = Path(__file__).resolve().parent.parent / "models.toml"
 ALIAS = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[a-z0-9._-]+)?$")
 
-# Sampling settings an entry may recommend (names as in infer.runtime.sampling).
-SAMPLING_KEYS = {
-    "temperature": float, "top_k": int, "top_p": float, "min_p": float, "typical_p": float,
-    "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float,
-    "frequency_penalty": float,
-}
+# Sampling settings an entry may recommend (runtime/request_params.py's, by field name).
+SAMPLING_KEYS = {p.field: int if p.kind == "int" else float for p in PARAMS.values() if p.catalog}
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "repo": str, "quant": str, "source": str, "description": str, "ctx_size": int,
     "system": str, "sampling": dict, "aliases": list, "embedded": dict,

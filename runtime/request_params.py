@@ -21,7 +21,6 @@ model is loaded, and a plain `infer run` imports it on its way to the model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from infer.runtime.errors import UsageError
 
@@ -30,15 +29,21 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-@dataclass(frozen=True)
 class Range:
-    """low <= value <= high, either end open (strict) or absent (unbounded)."""
+    """low <= value <= high, either end open (strict) or absent (unbounded).
 
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    only: tuple[int, ...] = ()  # an enumeration instead (mirostat: 0, 1 or 2)
+    (A plain class: `dataclasses` costs a call through a server its start-up, cli/main.py.)"""
+
+    __slots__ = ("high", "high_open", "low", "low_open", "only")
+
+    def __init__(self, low: float | None = None, high: float | None = None, *, low_open: bool = False,
+                 high_open: bool = False, only: tuple[int, ...] = ()) -> None:
+        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
+        self.only = only  # an enumeration instead (mirostat: 0, 1 or 2)
+
+    @property
+    def unbounded(self) -> bool:
+        return self.low is None and self.high is None and not self.only
 
     def holds(self, value: float) -> bool:
         if self.only:
@@ -77,22 +82,28 @@ KINDS = {"int": "int", "float": "float", "bool": "bool", "text": "str", "texts":
          "biases": "tuple[tuple[int, float], ...]"}
 
 
-@dataclass(frozen=True)
 class Param:
     """One request parameter."""
 
-    field: str  # its SamplingParams field
-    kind: str  # a key of KINDS
-    default: Any  # llama.cpp's (None: unset, as for `seed`: a fresh random one)
-    help: str  # one line, for --help
-    flags: tuple[str, ...] = ()  # its command-line spellings; () for none
-    api: dict[str, str | tuple[str, ...]] = field(default_factory=dict)  # API -> its name(s) there
-    range: Range | None = None  # numbers only: the one rule for every surface
-    label: str = ""  # its name in the runtime's own messages ("top-p")
-    flag_none: int | None = None  # the flag value that means None (llama.cpp's -1: no limit, random)
-    gguf: str | None = None  # the GGUF key of the model's recommendation (general.sampling.*)
-    catalog: bool = False  # a models.toml alias may recommend it
-    optional: bool = False  # None is a value of the field
+    __slots__ = ("api", "catalog", "default", "field", "flag_none", "flags", "gguf", "help", "kind", "label",
+                 "optional", "range")
+
+    def __init__(self, field: str, kind: str, default: Any, help: str, flags: tuple[str, ...] = (), *,
+                 api: dict[str, str | tuple[str, ...]] | None = None, range: Range | None = None,
+                 label: str = "", flag_none: int | None = None, gguf: str | None = None,
+                 catalog: bool = False, optional: bool = False) -> None:
+        self.field = field  # its SamplingParams field
+        self.kind = kind  # a key of KINDS
+        self.default = default  # llama.cpp's (None: unset, as for `seed`: a fresh random one)
+        self.help = help  # one line, for --help
+        self.flags = flags  # its command-line spellings; () for none
+        self.api = api or {}  # API (of APIS) -> its name, or names, there
+        self.range = range  # numbers only: the one rule for every surface
+        self.label = label  # its name in the runtime's own messages ("top-p")
+        self.flag_none = flag_none  # the flag value that means None (llama.cpp's -1: no limit, random)
+        self.gguf = gguf  # the GGUF key of the model's recommendation (general.sampling.*)
+        self.catalog = catalog  # a models.toml alias may recommend it
+        self.optional = optional  # None is a value of the field
 
     def names(self, api: str) -> tuple[str, ...]:
         """Its names in `api` (the first is the one to send), none where it has no name there."""
@@ -218,9 +229,9 @@ def out_of_range(field: str, value: float, name: str | None = None) -> str | Non
     name = name or param.label
     if isinstance(value, float) and math.isnan(value):
         return f"{name} must be a number, got NaN"
-    if isinstance(value, float) and math.isinf(value) and param.range == Range():
-        return f"{name} must be finite, got {value}"
     assert param.range is not None, field
+    if isinstance(value, float) and math.isinf(value) and param.range.unbounded:
+        return f"{name} must be finite, got {value}"
     return None if param.range.holds(value) else f"{name} must be {param.range.words()}, got {value}"
 
 
