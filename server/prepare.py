@@ -1,0 +1,72 @@
+"""A generation's request made ready for the engine, off the event loop: the prompt's tokens,
+the sampling parameters and the prompt cache's checkpoint; every mistake of the client's that
+can be seen before the engine starts is a 400 here, before a stream starts."""
+
+from __future__ import annotations
+
+from infer.runtime.errors import InferError
+from infer.runtime.request_params import logit_bias_error
+from infer.runtime.sampling import SamplingParams
+from infer.server import schema
+from infer.server.config import Config
+from infer.server.errors import invalid
+from infer.server.models import Served
+
+
+def prepare(served: Served, gen: schema.Generation, config: Config) -> tuple[list[int], SamplingParams, int]:
+    """The prompt's tokens, the sampling parameters and the prompt cache's checkpoint (off
+    the event loop: templates and tokenizing a long prompt take time)."""
+    from infer.runtime.prompt import chat_prompt
+
+    model = served.model
+    try:
+        params = SamplingParams.resolve(served.opened.sampling_defaults,
+                                        {**dict(config.sampling), **gen.overrides})
+        if gen.chat:
+            tokens = chat_prompt(model, list(gen.messages), template=config.chat_template).tokens
+        elif isinstance(gen.prompt, str):
+            tokens = model.tokenize(gen.prompt, add_special=True, parse_special=False)
+        else:
+            bad = [t for t in gen.prompt if t >= model.n_vocab]
+            if bad:
+                raise invalid("prompt", f"token id {bad[0]} is not in the model's vocabulary "
+                              f"of {model.n_vocab}")
+            tokens = list(gen.prompt)
+    except InferError as e:
+        raise invalid(None, str(e)) from None
+    if params.effective_grammar is not None:  # a bad grammar is the client's mistake: 400 now
+        from infer.runtime.sampling import build_sampler_chain
+
+        try:
+            build_sampler_chain(params, model).close()
+        except InferError as e:
+            raise invalid("grammar" if params.grammar else "response_format", str(e)) from None
+    for token, _ in params.logit_bias:  # (the runtime's rule, before a stream starts)
+        problem = logit_bias_error(token, model.n_vocab)
+        if problem is not None:
+            raise invalid("logit_bias", problem)
+    if not tokens:
+        raise invalid("prompt" if not gen.chat else "messages", "the prompt is empty")
+    problem = served.engine.fit_error(len(tokens), params.max_tokens)
+    if problem is not None:
+        limit = served.engine.slot_cells
+        raise invalid("messages" if gen.chat else "prompt",
+                      f"this request needs {len(tokens) + (params.max_tokens or 1)} tokens of context "
+                      f"({len(tokens)} in the prompt, {params.max_tokens or 1} to generate) but a "
+                      "request "
+                      f"may use {limit} (the context of {served.engine.context.n_ctx} tokens shared by "
+                      f"{served.engine.parallel} parallel slots)", code="context_length_exceeded")
+    return tokens, params, _checkpoint(served, gen, tokens, config)
+
+
+def _checkpoint(served: Served, gen: schema.Generation, tokens: list[int], config: Config) -> int:
+    """Where the prompt cache may save the prompt's state: before the last message of a
+    chat (what the next turn of the conversation sends again), the whole of a raw prompt."""
+    cache = served.engine.prompt_cache
+    if cache is None or len(tokens) <= cache.min_tokens:
+        return 0
+    if not gen.chat:
+        return len(tokens)
+    from infer.runtime.prompt import preamble_len
+
+    return preamble_len(served.model, list(gen.messages), tokens, template=config.chat_template)

@@ -1,0 +1,150 @@
+"""The choices of one response as they grow, in OpenAI's shapes: the whole body of a
+response, or the chunks of a stream."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from infer.runtime.scheduler import Delta, Outcome, TokenLogprob
+from infer.server import schema
+from infer.server.metrics import ModelMetrics
+from infer.server.models import Served
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "length"}
+
+
+class Reply:
+    """The choices of one response as they grow, in OpenAI's shapes."""
+
+    def __init__(self, served: Served, gen: schema.Generation, prompt_tokens: int,
+                 metrics: ModelMetrics) -> None:
+        self.served, self.gen, self.metrics = served, gen, metrics
+        self.model = served.name
+        self.id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens
+        self.texts = [""] * gen.n
+        self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(gen.n)]
+        self.finish: list[str | None] = [None] * gen.n
+        self.tokens: list[list[int]] = [[] for _ in range(gen.n)]
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.error: str | None = None
+        self.first: Any = None  # the first choice's Completion (for the `infer` extension)
+
+    def add(self, choice: int, delta: Delta) -> None:
+        self.texts[choice] += delta.text
+        self.logprobs[choice] += delta.logprobs
+
+    def end(self, choice: int, outcome: Outcome) -> None:
+        completion = outcome.completion
+        if completion is None:  # failed after it was accepted (the model failed, or shutdown)
+            self.metrics.errors += 1
+            self.error = outcome.error
+            self.finish[choice] = "length"
+            return
+        self.finish[choice] = FINISH.get(completion.finish_reason, "stop")
+        self.tokens[choice] = completion.tokens
+        self.completion_tokens += completion.usage.completion_tokens
+        if choice == 0:
+            self.cached_tokens = completion.usage.cached_tokens
+            self.first = completion
+        reason = "abort" if completion.finish_reason == "cancelled" else self.finish[choice]
+        self.metrics.ended(completion.usage, completion.timings, reason)
+
+    def usage(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def extension(self) -> dict[str, Any]:
+        """infer's own figures of the first choice, as `infer run --json` reports them (what
+        `infer run` prints through a server): why it ended, the seed, speculation, timings."""
+        c = self.first
+        if c is None:
+            return {}
+        t = c.timings
+        return {"infer": {"finish_reason": c.finish_reason, "seed": c.seed,
+                          "draft_tokens": c.usage.draft_tokens, "accepted_tokens": c.usage.accepted_tokens,
+                          "timings": {"prefill_ms": t.prefill_ms, "decode_ms": t.decode_ms,
+                                      "ttft_ms": t.ttft_ms, "prefill_tokens": t.prefill_tokens}}}
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if self.gen.logprobs is None:
+            return None
+        model = self.served.model
+
+        def piece(token: int) -> tuple[str, list[int]]:
+            data = model.token_bytes(token)
+            return data.decode("utf-8", errors="replace"), list(data)
+
+        if self.gen.chat:
+            content = []
+            for e in entries:
+                text, data = piece(e.token)
+                top = []
+                for t, lp in e.top:
+                    top_text, top_data = piece(t)
+                    top.append({"token": top_text, "logprob": lp, "bytes": top_data})
+                content.append({"token": text, "logprob": e.logprob, "bytes": data, "top_logprobs": top})
+            return {"content": content}
+        return {"tokens": [piece(e.token)[0] for e in entries],
+                "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{piece(t)[0]: lp for t, lp in e.top} for e in entries],
+                "text_offset": _offsets([piece(e.token)[0] for e in entries])}
+
+    def _body(self, kind: str, choices: list[dict[str, Any]], *, usage: bool) -> dict[str, Any]:
+        """A response's (or a chunk's) fields around its choices, in OpenAI's order; `usage`
+        adds the token counts and infer's extension."""
+        head = {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "choices": choices}
+        if usage:
+            return {**head, "usage": self.usage(), "system_fingerprint": None, **self.extension()}
+        return {**head, "system_fingerprint": None}
+
+    def _chunk_kind(self) -> str:
+        return "chat.completion.chunk" if self.gen.chat else "text_completion"
+
+    def whole(self) -> dict[str, Any]:
+        if self.gen.chat:
+            choices = [{"index": i, "message": {"role": "assistant", "content": self.texts[i]},
+                        "logprobs": self._logprobs(self.logprobs[i]), "finish_reason": self.finish[i]}
+                       for i in range(self.gen.n)]
+            kind = "chat.completion"
+        else:
+            choices = [{"index": i, "text": self.texts[i], "logprobs": self._logprobs(self.logprobs[i]),
+                        "finish_reason": self.finish[i]} for i in range(self.gen.n)]
+            kind = "text_completion"
+        if self.gen.return_tokens:  # llama-server's extension: the generated token ids
+            for i, choice in enumerate(choices):
+                choice["tokens"] = self.tokens[i]
+        return self._body(kind, choices, usage=True)
+
+    def chunk(self, choice: int, delta: dict[str, Any], finish: str | None = None,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        if self.gen.chat:
+            body = {"index": choice, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            body = {"index": choice, "text": delta.get("content", ""), "logprobs": logprobs,
+                    "finish_reason": finish}
+        return self._body(self._chunk_kind(), [body], usage=False)
+
+    def delta_chunk(self, choice: int, delta: Delta) -> dict[str, Any]:
+        return self.chunk(choice, {"content": delta.text}, logprobs=self._logprobs(delta.logprobs))
+
+    def end_chunk(self, choice: int, outcome: Outcome) -> dict[str, Any]:
+        self.end(choice, outcome)
+        return self.chunk(choice, {}, finish=self.finish[choice])
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return self._body(self._chunk_kind(), [], usage=True)
+
+
+def _offsets(pieces: list[str]) -> list[int]:
+    out, at = [], 0
+    for p in pieces:
+        out.append(at)
+        at += len(p)
+    return out

@@ -1,0 +1,49 @@
+"""A streamed reply: its chunks as server-sent events, ended by ``data: [DONE]``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import StreamingResponse
+
+from infer.runtime.scheduler import Delta, Outcome
+from infer.server.mailbox import Mailbox
+from infer.server.reply import Reply
+
+Gone = Callable[[int, list[tuple[int, Delta | Outcome]]], None]
+
+
+def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def stream(reply: Reply, mailbox: Mailbox, choices: int, gone: Gone) -> AsyncIterator[bytes]:
+    """The events of `choices` choices as the mailbox receives them; if the client goes away
+    first, `gone` is told how many choices had not ended and what was taken but not sent."""
+    ended = 0
+    taken: list[tuple[int, Delta | Outcome]] = []  # from the mailbox, not sent yet
+    try:
+        for i in range(choices):
+            if reply.gen.chat:
+                yield sse(reply.chunk(i, {"role": "assistant", "content": ""}))
+        while ended < choices:
+            taken = taken or await mailbox.take()
+            choice, item = taken.pop(0)
+            if isinstance(item, Delta):
+                yield sse(reply.delta_chunk(choice, item))
+            else:
+                ended += 1
+                yield sse(reply.end_chunk(choice, item))
+        if reply.gen.include_usage:
+            yield sse(reply.usage_chunk())
+        yield b"data: [DONE]\n\n"
+    finally:
+        if ended < choices:  # the client went away
+            gone(choices - ended, taken)
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
