@@ -1,6 +1,6 @@
 """ggml's backend registry: which backends this build has and the devices they offer.
 
-The second module (with ``runtime/llama.py``) that calls native code: llama.cpp's
+The second module (with ``runtime/llama/``) that calls native code: llama.cpp's
 own API has no calls for devices, so this one binds the few ``ggml_backend_*``
 functions it needs from the ggml library that llama-cpp-python installs next to
 libllama. Devices of the RPC backend (other machines' workers) are added here too.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from infer.runtime.errors import LlamaError, NetworkError, UsageError
-from infer.runtime.llama import C, init_backend, system_info
+from infer.runtime.llama.bindings import C, init_backend, system_info
 
 # enum ggml_backend_dev_type (ggml-backend.h)
 DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}

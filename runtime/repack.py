@@ -129,7 +129,7 @@ def check(buffers: tuple[str, ...]) -> Verdict:
     import signal
     import tempfile
 
-    from infer.runtime.llama import physical_cores
+    from infer.runtime.llama.bindings import physical_cores
 
     threads = max(2, physical_cores())  # ggml's worker threads, not only the main one
     named = ", ".join(buffers)

@@ -131,7 +131,7 @@ def test_greedy_and_mirostat_replace_the_random_draw():
     assert kinds(SamplingParams(temperature=0, ignore_eos=True)) == ["logit_bias", "greedy"]
 
 
-# --- a grammar checks the drawn token first (runtime/llama.py, SamplerChain) ----------------
+# --- a grammar checks the drawn token first (runtime/llama/sampler_chain.py, SamplerChain) ---
 
 STORY = [{"role": "user", "content": "Write a story about a cat."}]
 LOWERCASE = "root ::= [a-z ,.]+"  # the model's first choice, "Once", is refused
@@ -143,7 +143,7 @@ def _allowed(model, grammar_sampler, logits):
 
     import numpy as np
 
-    from infer.runtime import llama as L
+    from infer.runtime.llama import sampler_chain as L
 
     row = np.ascontiguousarray(logits, dtype=np.float32)
     cur = L._Candidates(model.n_vocab).fill(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
@@ -160,7 +160,7 @@ def test_greedy_under_a_grammar_takes_the_likeliest_token_it_allows(smollm2):
     grammar allows: checked against the grammar applied to the whole vocabulary."""
     import numpy as np
 
-    from infer.runtime import llama as L
+    from infer.runtime.llama import sampler_chain as L
     from infer.runtime.params import ContextParams
     from infer.runtime.prompt import chat_prompt
     from infer.runtime.sampling import build_sampler_chain

@@ -82,7 +82,7 @@ def test_ctrl_c_aborts_a_running_prefill_and_the_session_recovers(tiny_qwen):
 
     import pytest
 
-    from infer.runtime.llama import Batch
+    from infer.runtime.llama import Batch, C
     from infer.runtime.params import ContextParams
 
     with Session.open(tiny_qwen, ContextParams(n_ctx=4096, n_batch=4096)) as s:
@@ -94,7 +94,7 @@ def test_ctrl_c_aborts_a_running_prefill_and_the_session_recovers(tiny_qwen):
             s.context.decode(batch)
         batch.close()
         # llama.cpp stopped early instead of finishing the 3,000-token batch.
-        assert s.context.memory_seq_pos_max(0) < len(tokens) - 1
+        assert C.llama_memory_seq_pos_max(C.llama_get_memory(s.context.ptr), 0) < len(tokens) - 1
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         done = complete(s, tokens[:20])
         assert done.usage.completion_tokens == 12
