@@ -12,7 +12,6 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
 
@@ -23,34 +22,18 @@ from infer.cli.batch_input import Item, check_template, done_ids, read_items
 from infer.cli.errors import shielded
 from infer.cli.flags import (
     context_params,
+    load_plan,
     log_to_stderr,
-    model_context_params,
-    model_sampling_defaults,
-    record_run,
     resolve,
     sampling_overrides,
     spec_params,
 )
-from infer.cli.placement import Placed, explain, model_layout, place, report
+from infer.cli.placement import explain, report
 from infer.cli.stdin import decode_stdin
 from infer.runtime.errors import InferError, UsageError
 
 if TYPE_CHECKING:
     from infer.cli import remote
-
-# Context per slot when -c is not given (at most the model's training context).
-SLOT_CONTEXT = 2048
-
-
-def default_parallel(n_params: int, n_ctx: int | None) -> int:
-    """Sequences decoded together when --parallel is not given.
-
-    Decoding is bound by reading the weights, so more sequences are nearly free until
-    the arithmetic catches up, which happens sooner on bigger models: 16 below 4B
-    parameters, 8 below 15B, 4 above. With -c, no fewer than 1,024 tokens per sequence.
-    """
-    by_size = 16 if n_params < 4e9 else 8 if n_params < 15e9 else 4
-    return max(1, min(by_size, n_ctx // 1024)) if n_ctx else by_size
 
 
 @o.model_command(
@@ -108,14 +91,22 @@ def execute(flags: Mapping[str, Any]) -> int:
                          "infer run and infer chat")
     if flags["explain"]:
         resolved = resolve(flags)
-        explain(place_slots(flags, resolved, extra=1)[0], resolved.reference)
+        explain(_plan(flags, resolved).placed, resolved.reference)
         return 0
     items = _items(flags)
     resolved = resolve(flags)
     code = _write_results(flags, items, lambda todo, out: _run(flags, resolved, todo, overrides, speculation,
                                                                out))
-    record_run(resolved)
+    resolved.record_use()
     return code
+
+
+def _plan(flags: Mapping[str, Any], resolved: Any) -> Any:
+    """The planned load: --parallel sequences (or the default for the model's size) and one
+    more KV stream, for the prefix the prompts share."""
+    from infer.runtime.loading import Slots
+
+    return load_plan(flags, resolved, slots=Slots(flags["parallel"], extra=1))
 
 
 def _items(flags: Mapping[str, Any]) -> list[Item]:
@@ -144,7 +135,7 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
     import threading
 
     from infer.cli import remote
-    from infer.cli.one_shot import result_json
+    from infer.cli.result_json import result_json
 
     def run(todo: list[Item], out: IO[str]) -> int:
         writer = _Writer(out, todo, ordered=flags["ordered"], model=flags["model"], to_json=result_json)
@@ -191,36 +182,19 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
     return _write_results(flags, items, run)
 
 
-def place_slots(flags: Mapping[str, Any], resolved: Any, *, extra: int = 0) -> tuple[Placed, int]:
-    """The planned load, and the sequences decoded together (--parallel or the default).
-
-    A KV stream per sequence: the slots and `extra` sequences of their own (infer batch's
-    shared prefix); without -c, SLOT_CONTEXT cells each (at most the training context); -c is
-    the cells of all of them (-c 0: the training context's, as llama-server's)."""
-    cparams = model_context_params(flags, resolved.entry)
-    layout = model_layout(resolved.path)
-    if cparams.n_ctx == 0:
-        cparams = replace(cparams, n_ctx=cparams.resolved_n_ctx(layout.n_ctx_train))
-    parallel = flags["parallel"] or default_parallel(layout.n_params, cparams.n_ctx)
-    streams = parallel + extra
-    n_ctx = cparams.n_ctx or streams * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
-    return place(resolved.path, replace(cparams, n_ctx=n_ctx, n_seq_max=streams)), parallel
-
-
 def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: dict[str, Any],
          speculation: Any, out: IO[str]) -> int:
-    from infer.cli.one_shot import result_json
+    from infer.cli.result_json import result_json
     from infer.cli.speculation import describe
-    from infer.runtime.llama import Context, Model
+    from infer.runtime.llama import Context
     from infer.runtime.scheduler import Scheduler
     from infer.runtime.session import Usage, common_prefix_len
 
-    placed, parallel = place_slots(flags, resolved, extra=1)
-    cparams = placed.params
-    with Model.load(resolved.path, cparams, devices=placed.handles) as model:
+    opened = _plan(flags, resolved).open_model()
+    cparams, parallel, defaults = opened.params, opened.parallel, opened.sampling_defaults
+    with opened.model as model:
         if flags["verbose"]:
-            report(placed, model)
-        defaults = model_sampling_defaults(model, resolved.entry)
+            report(opened.placed, model)
         requests, errors = _requests(model, items, defaults, overrides)
         prefix: list[int] = []
         if len(requests) > 1:

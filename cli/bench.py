@@ -11,8 +11,8 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.errors import shielded
-from infer.cli.flags import context_params, log_to_stderr, resolve
-from infer.cli.placement import explain, place, report
+from infer.cli.flags import context_params, load_plan, log_to_stderr, resolve
+from infer.cli.placement import explain, report
 from infer.runtime.errors import UsageError
 
 
@@ -48,7 +48,6 @@ def bench(
 
 def execute(flags: Mapping[str, Any]) -> None:
     from infer.runtime.bench import bench_decode, bench_prefill
-    from infer.runtime.session import Session
 
     flags = {**flags, "n_prompt": flags["n_prompt"] or [512], "n_gen": flags["n_gen"] or [128]}
     if flags["repetitions"] < 1:
@@ -57,16 +56,18 @@ def execute(flags: Mapping[str, Any]) -> None:
     if any(n < 1 for n in sizes):
         raise UsageError("prompt sizes and generated token counts must be at least 1")
     needed = max(sizes) + 1
-    params = context_params({**flags, "ctx_size": flags["ctx_size"] or max(needed, 512)})
+    flags = {**flags, "ctx_size": flags["ctx_size"] or max(needed, 512)}
+    context_params(flags)  # bad values fail before the model is looked up
     resolved = resolve(flags)
-    placed = place(resolved.path, params)
+    plan = load_plan(flags, resolved)
+    placed = plan.placed
     if flags["explain"]:
         explain(placed, resolved.reference)
         return
     if flags["verbose"]:
         log_to_stderr()
     results = []
-    with Session.open(resolved.path, placed.params, devices=placed.handles) as session:
+    with plan.open_session() as session:
         if flags["verbose"]:
             report(placed, session.model)
         if needed > session.n_ctx:

@@ -26,7 +26,7 @@ def list_entries(ctx: typer.Context, json_output: Annotated[bool, typer.Option(
 
 
 def _list(flags: Mapping[str, Any]) -> None:
-    from infer.cli.models import human_ago, human_size
+    from infer.cli.human import human_ago, human_size
 
     cache = open_cache()
     entries = cache.entries()
@@ -60,7 +60,7 @@ def clear(ctx: typer.Context, model: Annotated[str | None, typer.Option(
 
 
 def _clear(flags: Mapping[str, Any]) -> None:
-    from infer.cli.models import human_size
+    from infer.cli.human import human_size
 
     cache = open_cache()
     entries = cache.entries()

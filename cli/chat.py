@@ -21,13 +21,13 @@ from infer.cli.chat_local import open_chat
 from infer.cli.errors import shielded
 from infer.cli.flags import (
     context_params,
+    load_plan,
     log_to_stderr,
-    model_context_params,
     resolve,
     sampling_overrides,
     spec_params,
 )
-from infer.cli.placement import explain, place
+from infer.cli.placement import explain
 
 
 @o.model_command(
@@ -66,7 +66,7 @@ def _chat(flags: Mapping[str, Any]) -> None:
     spec_params(flags)
     if flags["explain"]:
         resolved = resolve(flags)
-        explain(place(resolved.path, model_context_params(flags, resolved.entry)), resolved.reference)
+        explain(load_plan(flags, resolved).placed, resolved.reference)
         return
     with open_chat(flags, overrides) as state:
         if flags["session_name"]:

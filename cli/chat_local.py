@@ -11,8 +11,8 @@ from infer.cli.chat_commands import BaseChat
 from infer.cli.chat_files import params_dict, read_session, saved_params, write_session
 from infer.cli.chat_output import note, say
 from infer.cli.chat_settings import list_settings, parse_setting
-from infer.cli.flags import context_params, model_context_params, model_sampling_defaults, record_run, resolve
-from infer.cli.placement import place, report
+from infer.cli.flags import context_params, load_plan, resolve
+from infer.cli.placement import report
 from infer.cli.render import reply_writer
 
 
@@ -33,11 +33,13 @@ def open_chat(flags: Mapping[str, Any], overrides: dict[str, Any]) -> ChatState:
 class _Loaded:
     """A model opened for the chat: its session, name, catalog entry and sampling defaults."""
 
-    def __init__(self, session: Any, reference: str, entry: Any) -> None:
+    def __init__(self, session: Any, resolved: Any) -> None:
+        from infer.runtime.loading import sampling_defaults
+
         self.session = session
-        self.reference = reference
-        self.entry = entry
-        self.defaults = model_sampling_defaults(session.model, entry)
+        self.reference = resolved.reference
+        self.entry = resolved.entry
+        self.defaults = sampling_defaults(session.model, resolved)
 
     @classmethod
     def open(cls, flags: Mapping[str, Any], model: str) -> _Loaded:
@@ -46,13 +48,12 @@ class _Loaded:
     @classmethod
     def load(cls, flags: Mapping[str, Any], resolved: Any) -> _Loaded:
         """Open a resolved model with the context the flags ask for."""
-        from infer.runtime.session import Session
-
-        placed = place(resolved.path, model_context_params(flags, resolved.entry))
         from infer.cli.speculation import attach
 
-        session = Session.open(resolved.path, placed.params, devices=placed.handles)
-        record_run(resolved)
+        plan = load_plan(flags, resolved)
+        placed = plan.placed
+        session = plan.open_session()
+        resolved.record_use()
         try:
             attach(flags, session, placed)
         except BaseException:
@@ -60,7 +61,7 @@ class _Loaded:
             raise
         if flags.get("verbose"):
             report(placed, session.model)
-        return cls(session, resolved.reference, resolved.entry)
+        return cls(session, resolved)
 
 
 class ChatState(BaseChat):

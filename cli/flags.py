@@ -34,14 +34,6 @@ def resolve(flags: Mapping[str, Any]) -> Any:
                              notice=notice)
 
 
-def record_run(resolved: Any) -> None:
-    """For `infer list`'s LAST USED: a model it lists (from the Hub or a package) ran now."""
-    if resolved.repo is not None or resolved.package is not None:
-        from infer.quant.store import record_use
-
-        record_use(resolved.path)
-
-
 def read_text_file(path: str | Path, what: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
@@ -97,24 +89,18 @@ def spec_params(flags: Mapping[str, Any]) -> Any:
     return SpecParams(**{k: v for k, v in given.items() if v is not None})
 
 
-def model_context_params(flags: Mapping[str, Any], entry: Any) -> ContextParams:
-    """context_params, with a catalog alias's context size unless --ctx-size was given."""
-    from dataclasses import replace
+def load_plan(flags: Mapping[str, Any], resolved: Any, *, slots: Any = None) -> Any:
+    """Where the resolved model goes with the context flags (runtime.loading.plan_load), and
+    with --rpc the guard that turns a lost worker into exit 4."""
+    from infer.runtime.loading import plan_load
 
     cparams = context_params(flags)
-    if entry and entry.ctx_size and flags.get("ctx_size") is None:
-        cparams = replace(cparams, n_ctx=entry.ctx_size)
-    return cparams
+    plan = plan_load(resolved, cparams, slots=slots)
+    if cparams.rpc:
+        from infer.cli.placement import guard_workers
 
-
-def model_sampling_defaults(model: Any, entry: Any) -> dict[str, Any]:
-    """The model's recommended sampling (GGUF metadata), then its catalog alias's."""
-    from infer.runtime.sampling import model_sampling_defaults as from_metadata
-
-    defaults = from_metadata(model.meta)
-    if entry:
-        defaults.update(entry.sampling)
-    return defaults
+        guard_workers(cparams.rpc)
+    return plan
 
 
 def parse_gpu_layers(value: str | int | None) -> int | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -13,6 +12,7 @@ import typer
 from infer.cli import options as o
 from infer.cli.errors import shielded
 from infer.cli.flags import resolve
+from infer.cli.human import human_ago, human_size
 from infer.cli.render import print_table
 from infer.runtime.errors import ModelNotFoundError, UsageError
 
@@ -181,25 +181,5 @@ def _rm(flags: Mapping[str, Any]) -> None:
     sys.stderr.write(f"infer: removed {names} ({human_size(freed)} freed)\n")
 
 
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    return f"{n} B"
-
-
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-
-
-def human_ago(t: float | None) -> str:
-    if t is None:
-        return "never"
-    seconds = max(0, time.time() - t)
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds >= size:
-            n = int(seconds // size)
-            return f"{n} {unit}{'' if n == 1 else 's'} ago"
-    return "just now"
-

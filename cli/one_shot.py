@@ -12,11 +12,9 @@ import sys
 
 from infer.cli.flags import (
     context_params,
+    load_plan,
     log_to_stderr,
-    model_context_params,
-    model_sampling_defaults,
     read_text_file,
-    record_run,
     resolve,
     sampling_overrides,
     spec_params,
@@ -66,12 +64,19 @@ def execute(flags: Mapping[str, Any]) -> None:
         remote.refuse_local_flags(flags, defaults("run"))
         _execute_remote(flags, where, model, prompt_arg, record, overrides)
         return
-    from infer.cli.placement import explain, place, report
-    from infer.runtime.session import Session
+    _execute_here(flags, model, prompt_arg, record, overrides, template, continuing=continuing)
+
+
+def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, record: Any,
+                  overrides: dict[str, Any], template: str | None, *, continuing: bool) -> None:
+    """The model loaded here: resolve, place, load (meanwhile import the templates), answer."""
+    from infer.cli.placement import explain, report
+    from infer.runtime.loading import sampling_defaults
 
     resolved = resolve({**flags, "model": model})
     entry = resolved.entry  # an alias's defaults apply unless a flag says otherwise
-    placed = place(resolved.path, model_context_params(flags, entry))
+    plan = load_plan(flags, resolved)
+    placed = plan.placed
     if flags["explain"]:
         explain(placed, resolved.reference)
         return
@@ -79,7 +84,7 @@ def execute(flags: Mapping[str, Any]) -> None:
     system = flags["system"]
     if entry and entry.system and system is None and not flags["raw"] and record is None:
         system = entry.system
-    loaded = Session.open_in_background(resolved.path, placed.params, devices=placed.handles)
+    loaded = plan.open_session_in_background()
     # While llama.cpp loads the model: import the template machinery (Jinja).
     from infer.cli.prompt_cache import open_cache
     from infer.quant.paths import template_cache_dir
@@ -108,11 +113,13 @@ def execute(flags: Mapping[str, Any]) -> None:
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return
-        params = SamplingParams.resolve(model_sampling_defaults(session.model, entry), overrides)
+        from infer.runtime.sampling import SamplingParams
+
+        params = SamplingParams.resolve(sampling_defaults(session.model, resolved), overrides)
         completion = _generate_cached(session, prompt.tokens, params, cache, name=resolved.reference,
                                       preamble=preamble, continuing=continuing,
                                       stream=not flags["json_output"])
-    record_run(resolved)
+    resolved.record_use()
     _report(flags, resolved.reference, completion, record)
 
 
@@ -137,6 +144,8 @@ def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any) 
         record.messages.append({"role": "assistant", "content": completion.text})
         conversations.save(record)
     if flags["json_output"]:
+        from infer.cli.result_json import result_json
+
         result = result_json(model, completion)
         if record is not None:
             result["conversation"] = record.id
@@ -237,33 +246,6 @@ def _generate(session: Any, tokens: list[int], params: Any, *, stream: bool, **o
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
-
-
-def result_json(model: str, c: Any) -> dict[str, Any]:
-    """The --json result: text, why it ended, token counts and timings."""
-    from infer.cli.speculation import usage_json
-
-    t = c.timings
-    return {
-        "model": model,
-        "text": c.text,
-        "finish_reason": c.finish_reason,
-        "seed": c.seed,
-        "usage": {
-            "prompt_tokens": c.usage.prompt_tokens,
-            "cached_tokens": c.usage.cached_tokens,
-            "completion_tokens": c.usage.completion_tokens,
-            **usage_json(c.usage),
-        },
-        "timings": {
-            "load_ms": round(t.load_ms, 3),
-            "prefill_ms": round(t.prefill_ms, 3),
-            "decode_ms": round(t.decode_ms, 3),
-            "ttft_ms": round(t.ttft_ms, 3),
-            "prefill_tokens_per_second": round(t.prefill_tps, 3),
-            "decode_tokens_per_second": round(t.decode_tps(c.usage.completion_tokens), 3),
-        },
-    }
 
 
 def _print_stats(c: Any, conversation: str | None) -> None:

@@ -23,9 +23,7 @@ from infer.cli.errors import shielded
 from infer.cli.flags import (
     context_params,
     log_to_stderr,
-    model_sampling_defaults,
     read_text_file,
-    record_run,
     resolve,
     sampling_overrides,
     spec_params,
@@ -82,30 +80,15 @@ def parse_duration(text: str) -> float | None:
 
 
 def execute(flags: Mapping[str, Any]) -> None:
-    from infer.runtime.sampling import SamplingParams
-
     if flags["verbose"]:
         log_to_stderr()
-    if flags["parallel"] is not None and not 1 <= flags["parallel"] <= 256:
-        raise UsageError("--parallel must be between 1 and 256")
-    if flags["max_models"] < 1:
-        raise UsageError("--max-models must be at least 1")
-    if flags["queue"] < 0:
-        raise UsageError("--queue must be at least 0")
-    if not 0 <= flags["port"] <= 65535:
-        raise UsageError(f"--port {flags['port']}: not a port number")
+    _check_limits(flags)
     keep_alive = parse_duration(flags["keep_alive"])
-    overrides = sampling_overrides(flags)
-    SamplingParams.resolve({}, overrides)  # bad values fail before anything loads
-    context_params(flags)
-    speculation = spec_params(flags)
-    if speculation.type == "draft":
-        raise UsageError("infer serve speculates with prompt lookup only (-md/--model-draft is for infer run "
-                         "and infer chat)")
-    api_key = _api_key(flags)
-    template = None
-    if flags["chat_template_file"] is not None:
-        template = read_text_file(flags["chat_template_file"], "chat template file")
+    overrides, cparams, speculation = _model_settings(flags)
+    from infer.server.app import Config
+
+    config = Config(api_key=_api_key(flags), sampling=tuple(overrides.items()),
+                    chat_template=_template(flags))
     if flags["model"] is not None:  # a bad default model fails now, with its exit code
         resolve({**flags, "offline": True})
     if flags["explain"]:
@@ -120,31 +103,65 @@ def execute(flags: Mapping[str, Any]) -> None:
     local = None if flags["no_socket"] else _bind_unix(local_path)
 
     from infer.runtime.template import use_compiled_cache
-    from infer.server.app import Config
     from infer.server.run import serve_forever
 
     use_compiled_cache(template_cache_dir())
 
-    if api_key is None and not _is_loopback(flags["host"]):
+    if config.api_key is None and not _is_loopback(flags["host"]):
         sys.stderr.write(f"infer: warning: listening on {flags['host']} without an API key: anyone who can "
                          "reach this port can use the models (give --api-key or --api-key-file)\n")
-    config = Config(api_key=api_key, sampling=tuple(overrides.items()), chat_template=template)
     host, port = sock.getsockname()[:2]
     also = f" and unix:{local_path}" if local is not None else ""
     sys.stderr.write(f"infer: serving on http://{_url_host(host)}:{port}/v1{also} (Ctrl-C stops)\n")
     sys.stderr.flush()
+    if cparams.rpc:
+        from infer.cli.placement import guard_workers
+
+        guard_workers(cparams.rpc)
     try:
         stopped = serve_forever(
-            [sock] if local is None else [sock, local], lambda name: _open_model(flags, name),
-            default=flags["model"], listing=_local_names, config=config, max_models=flags["max_models"],
+            [sock] if local is None else [sock, local], context=cparams, parallel=flags["parallel"],
+            default=flags["model"], config=config, max_models=flags["max_models"],
             keep_alive_s=keep_alive, max_waiting=flags["queue"], speculation=speculation,
-            prompt_cache=cache, verbose=flags["verbose"], find_model=_find_model)
+            prompt_cache=cache, verbose=flags["verbose"])
     finally:
         if local is not None:  # (uvicorn closes the sockets it was given but leaves their files)
             with contextlib.suppress(OSError):
                 os.unlink(local_path)
     if stopped is not None:
         sys.stderr.write(f"infer: {stopped.line()}\n")
+
+
+def _check_limits(flags: Mapping[str, Any]) -> None:
+    if flags["parallel"] is not None and not 1 <= flags["parallel"] <= 256:
+        raise UsageError("--parallel must be between 1 and 256")
+    if flags["max_models"] < 1:
+        raise UsageError("--max-models must be at least 1")
+    if flags["queue"] < 0:
+        raise UsageError("--queue must be at least 0")
+    if not 0 <= flags["port"] <= 65535:
+        raise UsageError(f"--port {flags['port']}: not a port number")
+
+
+def _model_settings(flags: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+    """The sampling overrides, context and speculation every model is served with, checked
+    before anything loads."""
+    from infer.runtime.sampling import SamplingParams
+
+    overrides = sampling_overrides(flags)
+    SamplingParams.resolve({}, overrides)
+    cparams = context_params(flags)
+    speculation = spec_params(flags)
+    if speculation.type == "draft":
+        raise UsageError("infer serve speculates with prompt lookup only (-md/--model-draft is for infer run "
+                         "and infer chat)")
+    return overrides, cparams, speculation
+
+
+def _template(flags: Mapping[str, Any]) -> str | None:
+    if flags["chat_template_file"] is None:
+        return None
+    return read_text_file(flags["chat_template_file"], "chat template file")
 
 
 def _api_key(flags: Mapping[str, Any]) -> str | None:
@@ -216,36 +233,3 @@ def _is_loopback(host: str) -> bool:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def _local_names() -> list[str]:
-    """The models on this machine, by the names a request can use."""
-    from infer.quant.store import cached_models, embedded_models
-
-    names = []
-    for m in embedded_models() + cached_models():
-        names.append(m.alias or (f"{m.repo}:{m.quant}" if m.quant else m.repo))
-    return names
-
-
-def _find_model(name: str) -> None:
-    """Raise ModelNotFoundError for a name this server cannot serve (before anything is
-    unloaded to make room for it)."""
-    from infer.quant.registry import resolve_model
-
-    resolve_model(name, offline=True)
-
-
-def _open_model(flags: Mapping[str, Any], name: str) -> Any:
-    """Load `name` for serving as `infer run` would find and place it (never downloading)."""
-    from infer.cli.batch import place_slots
-    from infer.quant.registry import resolve_model
-    from infer.runtime.llama import Model
-    from infer.server.models import Opened
-
-    resolved = resolve_model(name, offline=True)
-    placed, parallel = place_slots(flags, resolved)
-    params = placed.params
-    model = Model.load(resolved.path, params, devices=placed.handles)
-    record_run(resolved)  # (and again when it is unloaded: server/models.py)
-    return Opened(model, params, parallel, model_sampling_defaults(model, resolved.entry))

@@ -59,7 +59,7 @@ def serve(flags: Mapping[str, Any]) -> None:
     if flags["threads"] is not None and flags["threads"] < 1:
         raise UsageError(f"thread count must be at least 1, got {flags['threads']}")
     if not ggml.supports_rpc():
-        from infer.cli.doctor import rebuild_hint
+        from infer.cli.rebuild import rebuild_hint
 
         raise UsageError("this llama-cpp-python build has no RPC backend; rebuild it: " + rebuild_hint())
     if flags["device"]:

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from infer.quant.gguf_check import check_gguf
 from infer.quant.hub_reference import HubReference, parse_hub_reference
@@ -42,6 +42,30 @@ class ResolvedModel:
     repo: str | None = None
     quant: str | None = None
     package: str | None = None  # the installed package whose file this is (embedded models)
+
+    # What runtime/loading.py reads of a model it opens (a model source):
+    @property
+    def ctx_size(self) -> int | None:
+        """The context its alias recommends (used unless -c is given)."""
+        return self.entry.ctx_size if self.entry else None
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling its alias recommends (over the file's own recommendations)."""
+        return dict(self.entry.sampling) if self.entry else {}
+
+    def layout(self) -> Any:
+        """Its layout (runtime.memory_plan.ModelLayout), from the header, remembered per file."""
+        from infer.quant.layout import model_layout
+
+        return model_layout(self.path)
+
+    def record_use(self) -> None:
+        """For `infer list`'s LAST USED: a model it lists (from the Hub or a package) ran now."""
+        if self.repo is not None or self.package is not None:
+            from infer.quant.store import record_use
+
+            record_use(self.path)
 
 
 def hub_reference_for(reference: str, entry: CatalogEntry | None = None) -> HubReference | None:

@@ -2,8 +2,9 @@
 (the least recently used idle one is unloaded first), and unloaded after `keep_alive`
 seconds without requests.
 
-How a name becomes a loaded model (resolving it offline, placing it on devices) is the
-front end's business: the pool is given an `open_model` function and keeps the engines.
+How a name becomes a loaded model is server/loading.py's (resolving it offline, then the
+library's one way to open a model); the pool is given that `open_model` function and keeps
+the engines.
 """
 
 from __future__ import annotations
@@ -14,31 +15,20 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from infer.runtime.engine import Engine
 from infer.runtime.errors import InferError, ModelNotFoundError
 from infer.runtime.llama import Model
-from infer.runtime.params import ContextParams
+from infer.runtime.loading import OpenedModel
 from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.speculative import SpecParams
 from infer.server.errors import ApiError, busy
 
 
-@dataclass
-class Opened:
-    """A model loaded for serving, as `open_model` returns it."""
-
-    model: Model
-    params: ContextParams  # the context for all the slots together
-    parallel: int
-    sampling_defaults: dict[str, Any]  # the model's recommendations (GGUF metadata, its alias)
-
-
 @dataclass(eq=False)
 class Served:
     name: str
-    opened: Opened
+    opened: OpenedModel
     engine: Engine
 
     @property
@@ -67,7 +57,7 @@ class StopReport:
 
 
 class ModelPool:
-    def __init__(self, open_model: Callable[[str], Opened], *, default: str | None,
+    def __init__(self, open_model: Callable[[str], OpenedModel], *, default: str | None,
                  listing: Callable[[], list[str]], max_models: int = 1, keep_alive_s: float | None = 300.0,
                  max_waiting: int = 256, speculation: SpecParams | None = None,
                  prompt_cache: PromptCache | None = None,

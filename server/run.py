@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import socket
 import threading
@@ -17,24 +18,30 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from infer.runtime.log import logger
+from infer.runtime.params import ContextParams
 from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.speculative import SpecParams
 from infer.server.app import Config, create_app
-from infer.server.models import ModelPool, Opened, StopReport
+from infer.server.models import ModelPool, StopReport
 
 log = logger("infer.server")
 
 
-def serve_forever(sockets: list[socket.socket], open_model: Callable[[str], Opened], *, default: str | None,
-                  listing: Callable[[], list[str]], config: Config, max_models: int = 1,
+def serve_forever(sockets: list[socket.socket], *, context: ContextParams, parallel: int | None,
+                  default: str | None, config: Config, max_models: int = 1,
                   keep_alive_s: float | None = 300.0, max_waiting: int = 256,
                   speculation: SpecParams | None = None, prompt_cache: PromptCache | None = None,
-                  verbose: bool = False,
-                  find_model: Callable[[str], object] | None = None) -> StopReport | None:
-    """Serve until a stop is asked for; what the server was doing then and what it ended."""
+                  verbose: bool = False) -> StopReport | None:
+    """Serve until a stop is asked for; what the server was doing then and what it ended.
+
+    The models are those on this machine (server/loading.py), each loaded with `context`
+    for all its `parallel` slots (None: from the model's size)."""
     import uvicorn
 
-    pool = ModelPool(open_model, default=default, listing=listing, max_models=max_models,
+    from infer.server.loading import find_model, model_names, open_for_serving
+
+    open_model = functools.partial(open_for_serving, cparams=context, parallel=parallel)
+    pool = ModelPool(open_model, default=default, listing=model_names, max_models=max_models,
                      keep_alive_s=keep_alive_s, max_waiting=max_waiting, speculation=speculation,
                      prompt_cache=prompt_cache, find_model=find_model)
     app = create_app(pool, config, lifespan=_lifespan(pool, config))

@@ -106,7 +106,7 @@ def test_usage_errors(tiny_llama, tmp_path):
 
 
 def test_default_parallel_follows_model_size_and_context():
-    from infer.cli.batch import default_parallel
+    from infer.runtime.loading import default_parallel
 
     assert default_parallel(500_000_000, None) == 16
     assert default_parallel(8_000_000_000, None) == 8

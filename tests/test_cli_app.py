@@ -147,7 +147,7 @@ def test_the_installed_command_finishes_everything_before_it_leaves(tiny_qwen, i
 def test_times_ago_are_counted_in_words_that_agree():
     import time
 
-    from infer.cli.models import human_ago
+    from infer.cli.human import human_ago
 
     now = time.time()
     assert [human_ago(now - s) for s in (5, 60, 150, 3600, 7300, 86400, 3 * 86400)] == [

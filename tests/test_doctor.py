@@ -8,7 +8,8 @@ from importlib.metadata import version
 from conftest import assert_one_line_error, run_cli
 from hub_server import HubServer
 
-from infer.cli.doctor import problems, rebuild_hint
+from infer.cli.doctor import problems
+from infer.cli.rebuild import rebuild_hint
 
 
 def test_json_has_every_field(infer_home):

@@ -145,7 +145,7 @@ def test_plan_matches_what_llama_cpp_allocates(tiny_spm, n_ctx):
     r = run_cli("run", tiny_spm, "-c", n_ctx, "-n", "1", "-v", "--no-cache", "hi")
     assert r.returncode == 0, r.stderr
     kv, compute = _sizes(r.stderr, "KV"), _sizes(r.stderr, "compute")
-    from infer.cli.placement import model_layout
+    from infer.quant.layout import model_layout
 
     layout = model_layout(tiny_spm)
     shape = ContextShape(n_ctx=n_ctx)

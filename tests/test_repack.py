@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from infer.cli.doctor import rebuild_without
+from infer.cli.rebuild import rebuild_without
 from infer.runtime import repack
 from infer.runtime.repack import Verdict
 from infer.runtime.repack_probe import build_model

@@ -528,8 +528,9 @@ def test_health_is_503_while_the_model_loads(smollm2: Path) -> None:
     from starlette.testclient import TestClient
 
     from infer.runtime.llama import Model
+    from infer.runtime.loading import OpenedModel as Opened
     from infer.server.app import Config, create_app
-    from infer.server.models import ModelPool, Opened
+    from infer.server.models import ModelPool
     from infer.server.run import _lifespan
 
     found, release = threading.Event(), threading.Event()
