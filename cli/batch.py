@@ -187,8 +187,9 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     from infer.cli.result_json import result_json
     from infer.cli.speculation import describe
     from infer.runtime.llama import Context
+    from infer.runtime.results import Usage
     from infer.runtime.scheduler import Scheduler
-    from infer.runtime.session import Usage, common_prefix_len
+    from infer.runtime.session import common_prefix_len
 
     opened = _plan(flags, resolved).open_model()
     cparams, parallel, defaults = opened.params, opened.parallel, opened.sampling_defaults

@@ -41,12 +41,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from infer.runtime.errors import InferError
+from infer.runtime.generation import Generation
 from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.prompt_cache import PromptCache
+from infer.runtime.results import Completion, Timings
 from infer.runtime.sampling import SamplingParams, build_sampler_chain
-from infer.runtime.session import Completion, Timings, Usage, common_prefix_len, state_fingerprint, take_token
-from infer.runtime.speculative import CostModel, SpecParams, Speculator, verify
-from infer.runtime.textstream import TextStream
+from infer.runtime.session import common_prefix_len, state_fingerprint
+from infer.runtime.speculative import CostModel, SpecParams, Speculator
 
 PREFIX_SEQ = 0  # the shared prefix's own sequence; slots are then sequences 1..parallel
 MIN_COPY = 16  # a prefix held by another slot is copied when it saves at least this many tokens
@@ -100,17 +101,13 @@ class _Slot:
         self.cache: list[int] = []  # while free: the tokens its KV cells hold (keep_cache)
         self.used = 0.0  # when its last request ended, to reuse the oldest cache first
 
-    def start(self, request: Request, params: SamplingParams, chain: Any, cached: int, limit: int) -> None:
-        self.request, self.params, self.chain = request, params, chain
+    def start(self, request: Request, gen: Generation, cached: int) -> None:
+        self.request, self.gen = request, gen
         self.n_past = cached  # positions of this sequence in the KV cache
         self.cached = cached
-        self.limit = limit
-        self.generated: list[int] = []
-        self.stream = TextStream(params.stop)
         self.next_token: int | None = None  # sampled, to be decoded in the next step
         self.logits_index: int | None = None  # where this slot's logits are in the batch just decoded
         self.guesses: list[int] = []  # decoded after next_token in the batch just decoded
-        self.drafted = self.accepted = 0
         if self.spec is not None:
             self.spec.start(request.tokens)
         self.t_start = time.perf_counter()
@@ -124,7 +121,7 @@ class _Slot:
         """The tokens at positions [0, n) of its sequence in the KV cache."""
         if self.request is None:
             return self.cache
-        return (self.request.tokens + self.generated)[:self.n_past]
+        return (self.request.tokens + self.gen.generated)[:self.n_past]
 
 
 class Scheduler:
@@ -214,7 +211,7 @@ class Scheduler:
         """Drop the running requests (their outcomes are not reported)."""
         for slot in self.slots:
             if slot.request is not None:
-                slot.chain.close()
+                slot.gen.close()
                 slot.request = None
                 slot.cache = []
                 self.context.memory_seq_rm(slot.seq_id, 0, -1)
@@ -293,7 +290,8 @@ class Scheduler:
             self.context.memory_seq_cp(donor, slot.seq_id, 0, -1)
             self.context.memory_seq_rm(slot.seq_id, shared, -1)
         slot.cache = []
-        slot.start(request, params, chain, shared, room if max_tokens is None else max_tokens)
+        limit = room if max_tokens is None else max_tokens
+        slot.start(request, Generation(self.model, params, chain, limit, slot.spec), shared)
         return None
 
     def _place(self, tokens: Sequence[int]) -> tuple[_Slot, int | None, int]:
@@ -385,7 +383,7 @@ class Scheduler:
         if wide and len(batch) == wide:
             self.costs.observe(wide, now - t0)
         for slot in active:
-            if slot.logits_index is not None and not slot.generated:
+            if slot.logits_index is not None and not slot.gen.generated:
                 slot.t_prefilled = now
 
     def _checkpoint(self, slot: _Slot) -> int:
@@ -400,59 +398,43 @@ class Scheduler:
     def _guesses(self, slot: _Slot, after: int, generating: int) -> list[int]:
         """What the slot guesses after its next token (just added to the batch): never past its
         token limit, and leaving room in the batch for the `after` slots still to add theirs."""
-        spec = slot.spec
-        if spec is None:
+        gen = slot.gen
+        if gen.spec is None:
             return []
         assert slot.next_token is not None
-        spec.extend((slot.next_token,))
-        room = min(slot.limit - len(slot.generated), self.batch.capacity - len(self.batch) - after)
+        room = min(gen.limit - len(gen.generated), self.batch.capacity - len(self.batch) - after)
         base = len(self.batch) + after  # the step's tokens without this slot's guesses
 
         def cost_of(k: int) -> float:
             return self.costs.ratio(base, base + k)
 
-        return spec.propose(room, cost_of, share=1.0 / generating)
+        return gen.propose(slot.next_token, room, cost_of, share=1.0 / generating)
 
     def _sample(self, slot: _Slot) -> Outcome | None:
         """Sample the slot's next token (and check its guesses); its Outcome when the request is done."""
-        request = slot.request
+        request, gen = slot.request, slot.gen
         assert request is not None and slot.logits_index is not None
         base = slot.logits_index
         on_logits = self.on_logits
 
         def seen(index: int) -> None:
             if on_logits is not None:
-                on_logits(request.key, len(slot.generated), self.context.logits(index))
+                on_logits(request.key, len(gen.generated), self.context.logits(index))
 
         guesses, slot.guesses = slot.guesses, []
-        taken_before = len(slot.generated)
-        texts: list[str] = []
-        endings: list[str] = []
-
-        def take(token: int) -> bool:
-            ended = self._emit(slot, token, texts)
-            if ended is not None:
-                endings.append(ended)
-            return ended is not None
-
-        right, after = verify(slot.chain, self.context, base, guesses, take, seen)
-        if not slot.generated and not endings:
+        taken_before = len(gen.generated)
+        first = not gen.generated
+        step = gen.step(self.context, base, guesses, seen)
+        if first:
             slot.t_first = time.perf_counter()
-        if slot.spec is not None and slot.generated:  # (not the prefill's token: nothing was proposed)
-            slot.spec.verified(len(guesses), right)
-            slot.spec.extend(guesses[:right])
-        if guesses:
-            slot.drafted += len(guesses)
-            slot.accepted += right
-            # The cache keeps the pending token and the right guesses: `after` follows them.
-            slot.n_past -= len(guesses) - right
+        if step.rejected:  # the cache keeps the pending token and the right guesses
+            slot.n_past -= step.rejected
             self.context.memory_seq_rm(slot.seq_id, slot.n_past, -1)
-        finish = endings[-1] if after is None else self._emit(slot, after, texts)
-        self._tell(slot, base, taken_before, "".join(texts))
-        if finish is None:
-            slot.next_token = after
+        self._tell(slot, base, taken_before, step.text)
+        if step.finish is None:
+            slot.next_token = step.next_token
             return None
-        return self._finish(slot, finish)
+        return self._finish(slot, step.finish)
 
     def _tell(self, slot: _Slot, base: int, taken_before: int, text: str) -> None:
         """Hand the request what this step added (tokens taken from output `base` on)."""
@@ -460,7 +442,7 @@ class Scheduler:
         assert request is not None
         if request.on_delta is None:
             return
-        tokens = slot.generated[taken_before:]
+        tokens = slot.gen.generated[taken_before:]
         logprobs = []
         if request.logprobs is not None:
             logprobs = [token_logprob(self.context.logits(base + i), token, request.logprobs)
@@ -468,17 +450,10 @@ class Scheduler:
         if text or tokens:
             request.on_delta(Delta(text, tokens, logprobs))
 
-    def _emit(self, slot: _Slot, token: int, texts: list[str]) -> str | None:
-        """Take one sampled token; why the request ends if it does."""
-        text, finish = take_token(self.model, slot.params, slot.stream, slot.generated, slot.limit, token)
-        if text:
-            texts.append(text)
-        return finish
-
     def _finish(self, slot: _Slot, finish: str) -> Outcome:
-        request = slot.request
+        request, gen = slot.request, slot.gen
         assert request is not None
-        rest = slot.stream.finish()
+        rest = gen.stream.finish()
         if rest and request.on_delta is not None:
             request.on_delta(Delta(rest, [], []))
         t_end = time.perf_counter()
@@ -486,13 +461,11 @@ class Scheduler:
                           decode_ms=(t_end - slot.t_prefilled) * 1000,
                           ttft_ms=(slot.t_first - slot.t_start) * 1000,
                           prefill_tokens=len(request.tokens) - slot.cached)
-        usage = Usage(len(request.tokens), slot.cached, len(slot.generated), slot.drafted, slot.accepted)
-        completion = Completion(slot.stream.text, finish, usage, timings, slot.params.seed,
-                                slot.stream.stopped_by if finish == "stop" else None, slot.generated)
-        slot.chain.close()
+        completion = gen.completion(finish, len(request.tokens), slot.cached, timings)
+        gen.close()
         if self.keep_cache:  # what its cells hold stays for the next request with this prefix
-            kept = min(slot.n_past, len(request.tokens) + len(slot.generated))
-            slot.cache = (request.tokens + slot.generated)[:kept]
+            kept = min(slot.n_past, len(request.tokens) + len(gen.generated))
+            slot.cache = (request.tokens + gen.generated)[:kept]
             self.context.memory_seq_rm(slot.seq_id, kept, -1)
         else:
             self.context.memory_seq_rm(slot.seq_id, 0, -1)

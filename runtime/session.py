@@ -11,17 +11,16 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from infer.runtime.errors import ContextOverflowError
+from infer.runtime.generation import Generation, Step
 from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.params import ContextParams
-from infer.runtime.results import Completion, Piece, Timings, Usage
+from infer.runtime.results import Completion, Piece, Timings
 from infer.runtime.sampling import SamplingParams, build_sampler_chain
-from infer.runtime.speculative import DraftModel, Speculator, verify
-from infer.runtime.textstream import TextStream
+from infer.runtime.speculative import DraftModel, Speculator
 
 SEQ_ID = 0
 
@@ -69,20 +68,6 @@ def state_fingerprint(model: Model, context: Context) -> dict[str, object]:
     if streams > 1:  # (absent for one stream, so that the keys of single-sequence states stay as they were)
         out["n_stream"] = streams
     return out
-
-
-def take_token(model: Model, params: SamplingParams, stream: TextStream, generated: list[int],
-               limit: int, token: int) -> tuple[str, str | None]:
-    """Take one sampled token into `generated` and `stream`: the text it makes final, and why
-    generation ends with it ("eos", "stop", "length") if it does. An end-of-generation
-    token ends it without being kept (unless `ignore_eos`)."""
-    if model.is_eog(token) and not params.ignore_eos:
-        return "", "eos"
-    generated.append(token)
-    text = stream.feed(model.token_bytes(token))
-    if stream.stopped_by is not None:
-        return text, "stop"
-    return text, "length" if len(generated) >= limit else None
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -269,7 +254,6 @@ class Session:
         params = params.with_seed()
         t_start = time.perf_counter() if started is None else started
         spec = self.speculator
-        drafted = accepted = 0
         with build_sampler_chain(params, self.model) as chain:
             cached = self.prefill(prompt, checkpoints=checkpoints, on_checkpoint=on_checkpoint)
             limit = self.n_ctx - len(prompt)
@@ -280,67 +264,21 @@ class Session:
             if spec is not None and calibrating:
                 self._calibrate(spec)  # once per model and settings
             t_decoding = time.perf_counter()
-            stream = TextStream(params.stop)
-            generated: list[int] = []
-            finish = "length"
-            emit = partial(take_token, self.model, params, stream, generated, limit)
-
-            pieces: list[str] = []  # the text of a run of accepted guesses
-            endings: list[str] = []
-
-            def take(token: int) -> bool:
-                """An accepted guess: emitted; True if generation ends with it."""
-                piece, ended = emit(token)
-                if piece:
-                    pieces.append(piece)
-                if ended is not None:
-                    endings.append(ended)
-                return ended is not None
-
+            gen = Generation(self.model, params, chain, limit, spec)
             if spec is not None:
                 spec.start(prompt)
-            token = chain.sample(self.context) if limit > 0 else -1
-            t_first = time.perf_counter()  # (with limit 0: the end of prefill)
-            while limit > 0:
-                piece, ended = emit(token)
-                if piece:
-                    yield Piece(piece)
-                if ended is not None:
-                    finish = ended
-                    break
-                if spec is None:
-                    self.decode_token(token)
-                    token = chain.sample(self.context)
-                    continue
-                # Guesses after `token`: never past the token limit or the context.
-                room = min(limit - len(generated), self.n_ctx - len(self.tokens) - 1)
-                spec.extend((token,))
-                guesses = spec.propose(room)
-                if not guesses:
-                    self.decode_token(token)
-                    spec.verified(0, 0)
-                    token = chain.sample(self.context)
-                    continue
-                n_past = len(self.tokens)
-                self._batch.set_tokens([token, *guesses], start_pos=n_past, seq_id=SEQ_ID, logits_all=True)
-                self.context.decode(self._batch)
-                self.tokens.extend((token, *guesses))
-                pieces.clear()
-                right, after = verify(chain, self.context, 0, guesses, take)
-                if pieces:
-                    yield Piece("".join(pieces))
-                drafted += len(guesses)
-                accepted += right
-                # The KV cache keeps the pending token and the right guesses: `after` follows them.
-                self.context.memory_seq_rm(SEQ_ID, n_past + 1 + right, -1)
-                del self.tokens[n_past + 1 + right:]
-                spec.verified(len(guesses), right)
-                spec.extend(guesses[:right])
-                if after is None:
-                    finish = endings[-1]
-                    break
-                token = after
-            tail = stream.finish()
+            finish, t_first = "length", time.perf_counter()  # (with limit 0: the end of prefill)
+            if limit > 0:
+                step = gen.step(self.context, -1)  # the first token, from the prompt's logits
+                t_first = time.perf_counter()
+                while True:
+                    if step.text:
+                        yield Piece(step.text)
+                    if step.next_token is None:
+                        finish = step.finish or "length"
+                        break
+                    step = self._step(gen, step.next_token)
+            tail = gen.stream.finish()
             if tail:
                 yield Piece(tail)
             t_end = time.perf_counter()
@@ -352,6 +290,23 @@ class Session:
             prefill_tokens=len(prompt) - cached,
             calibration_ms=(t_decoding - t_prefilled) * 1000 if calibrating else 0.0,
         )
-        usage = Usage(len(prompt), cached, len(generated), drafted, accepted)
-        yield Completion(stream.text, finish, usage, timings, params.seed,
-                         stream.stopped_by if finish == "stop" else None, generated)
+        yield gen.completion(finish, len(prompt), cached, timings)
+
+    def _step(self, gen: Generation, token: int) -> Step:
+        """Decode the pending `token` (and what the speculator guesses after it: never past the
+        token limit or the context), then take the next step of `gen`."""
+        room = min(gen.limit - len(gen.generated), self.n_ctx - len(self.tokens) - 1)
+        guesses = gen.propose(token, room)
+        if not guesses:
+            self.decode_token(token)
+            return gen.step(self.context, -1)
+        n_past = len(self.tokens)
+        self._batch.set_tokens([token, *guesses], start_pos=n_past, seq_id=SEQ_ID, logits_all=True)
+        self.context.decode(self._batch)
+        self.tokens.extend((token, *guesses))
+        step = gen.step(self.context, 0, guesses)
+        # The KV cache keeps the pending token and the right guesses: the next token follows them.
+        kept = len(self.tokens) - step.rejected
+        self.context.memory_seq_rm(SEQ_ID, kept, -1)
+        del self.tokens[kept:]
+        return step

@@ -1,0 +1,99 @@
+"""One sequence's generation: the decode step that a session (`infer run`, `infer chat`) and
+the scheduler (`infer batch`, `infer serve`) share.
+
+After a decode that computed the logits of a sequence's pending token (and of the tokens
+guessed after it), a step samples with the request's own chain, checks the guesses
+(``speculative.verify``), takes each accepted token (end of generation, stop strings, the
+token limit), counts what was guessed and accepted, and tells the caller how many guessed
+positions its KV cache must drop. The caller owns the batch and the cache; this owns
+the sampler chain, the text stream and the tally, and builds the `Completion`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from infer.runtime.results import Completion, Timings, Usage
+from infer.runtime.speculative import Speculator, verify
+from infer.runtime.textstream import TextStream
+
+
+def take_token(model: Any, params: Any, stream: TextStream, generated: list[int],
+               limit: int, token: int) -> tuple[str, str | None]:
+    """Take one sampled token into `generated` and `stream`: the text it makes final, and why
+    generation ends with it ("eos", "stop", "length") if it does. An end-of-generation
+    token ends it without being kept (unless `ignore_eos`)."""
+    if model.is_eog(token) and not params.ignore_eos:
+        return "", "eos"
+    generated.append(token)
+    text = stream.feed(model.token_bytes(token))
+    if stream.stopped_by is not None:
+        return text, "stop"
+    return text, "length" if len(generated) >= limit else None
+
+
+class Step(NamedTuple):
+    """What one step did: the text it made final, why generation ended (None: it goes on with
+    `next_token`, still to be decoded), and how many guessed positions the cache must drop."""
+
+    text: str
+    finish: str | None
+    next_token: int | None
+    rejected: int
+
+
+class Generation:
+    """A request's tokens being generated: its parameters (with a concrete seed), sampler
+    chain, token limit, text and tokens so far, and its speculator's tally."""
+
+    def __init__(self, model: Any, params: Any, chain: Any, limit: int,
+                 spec: Speculator | None = None) -> None:
+        self.model, self.params, self.chain, self.limit, self.spec = model, params, chain, limit, spec
+        self.stream = TextStream(params.stop)
+        self.generated: list[int] = []
+        self.drafted = self.accepted = 0
+
+    def close(self) -> None:
+        self.chain.close()
+
+    def take(self, token: int) -> tuple[str, str | None]:
+        return take_token(self.model, self.params, self.stream, self.generated, self.limit, token)
+
+    def propose(self, token: int, room: int, cost_of: Callable[[int], float] | None = None,
+                share: float = 1.0) -> list[int]:
+        """The guesses after `token` (the pending token, about to be decoded), at most `room`."""
+        if self.spec is None:
+            return []
+        self.spec.extend((token,))
+        return self.spec.propose(room, cost_of, share=share)
+
+    def step(self, context: Any, base: int, guesses: Sequence[int] = (),
+             on_sample: Callable[[int], None] | None = None) -> Step:
+        """Sample at output `base` of the batch just decoded, checking the `guesses` decoded
+        after the pending token there; take the accepted tokens and the one sampled after them."""
+        texts: list[str] = []
+        endings: list[str] = []
+
+        def take(token: int) -> bool:
+            text, ended = self.take(token)
+            if text:
+                texts.append(text)
+            if ended is not None:
+                endings.append(ended)
+            return ended is not None
+
+        right, after = verify(self.chain, context, base, guesses, take, on_sample)
+        if self.spec is not None and self.generated:  # (not the prefill's token: nothing was proposed)
+            self.spec.verified(len(guesses), right)
+            self.spec.extend(guesses[:right])
+        if guesses:
+            self.drafted += len(guesses)
+            self.accepted += right
+        finish = endings[-1] if after is None or take(after) else None
+        return Step("".join(texts), finish, after if finish is None else None, len(guesses) - right)
+
+    def completion(self, finish: str, prompt_tokens: int, cached: int, timings: Timings) -> Completion:
+        usage = Usage(prompt_tokens, cached, len(self.generated), self.drafted, self.accepted)
+        return Completion(self.stream.text, finish, usage, timings, self.params.seed,
+                          self.stream.stopped_by if finish == "stop" else None, self.generated)
