@@ -21,8 +21,9 @@ import repacking
 from infer.runtime.llama import Context, Model
 from infer.runtime.params import ContextParams
 from infer.runtime.prompt import chat_prompt
+from infer.runtime.request import Request
 from infer.runtime.sampling import SamplingParams
-from infer.runtime.scheduler import Request, Scheduler
+from infer.runtime.scheduler import Scheduler
 from infer.runtime.session import Completion, Session
 
 TOPICS = ["rivers", "mountains", "the sea", "bread", "trains", "bees", "winter", "clocks"]

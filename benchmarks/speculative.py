@@ -295,8 +295,9 @@ def batch_section(args: argparse.Namespace) -> None:
     from infer.runtime.llama import Context, Model
     from infer.runtime.params import ContextParams
     from infer.runtime.prompt import chat_prompt
+    from infer.runtime.request import Request
     from infer.runtime.sampling import SamplingParams
-    from infer.runtime.scheduler import Request, Scheduler
+    from infer.runtime.scheduler import Scheduler
     from infer.runtime.speculative import SpecParams
 
     n = 160

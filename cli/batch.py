@@ -238,8 +238,8 @@ def _requests(model: Any, items: list[Item], defaults: dict[str, Any],
               overrides: dict[str, Any]) -> tuple[list[Any], list[tuple[int, str]]]:
     """Scheduler requests for the items that can run, and (index, error) for the others."""
     from infer.runtime.prompt import chat_prompt
+    from infer.runtime.request import Request
     from infer.runtime.sampling import SamplingParams
-    from infer.runtime.scheduler import Request
 
     requests, errors = [], []
     for item in items:

@@ -22,7 +22,8 @@ from infer.runtime.llama import Context, Model
 from infer.runtime.log import logger
 from infer.runtime.params import ContextParams
 from infer.runtime.prompt_cache import PromptCache
-from infer.runtime.scheduler import Outcome, Request, Scheduler
+from infer.runtime.request import Outcome, Request
+from infer.runtime.scheduler import Scheduler
 from infer.runtime.speculative import SpecParams
 
 log = logger("infer.engine")

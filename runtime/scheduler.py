@@ -37,91 +37,18 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from infer.runtime.errors import InferError
 from infer.runtime.generation import Generation
 from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.prompt_cache import PromptCache
-from infer.runtime.results import Completion, Timings
-from infer.runtime.sampling import SamplingParams, build_sampler_chain
+from infer.runtime.request import Delta, Outcome, Request, token_logprob
+from infer.runtime.results import Timings
+from infer.runtime.sampling import build_sampler_chain
 from infer.runtime.session import common_prefix_len, state_fingerprint
+from infer.runtime.slot import MIN_COPY, PREFIX_SEQ, Slot, SlotState, place
 from infer.runtime.speculative import CostModel, SpecParams, Speculator
-
-PREFIX_SEQ = 0  # the shared prefix's own sequence; slots are then sequences 1..parallel
-MIN_COPY = 16  # a prefix held by another slot is copied when it saves at least this many tokens
-
-
-@dataclass
-class TokenLogprob:
-    """A generated token's log-probability under the model (before sampling's transforms),
-    and the most likely alternatives at its position."""
-
-    token: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
-class Delta:
-    """What one step added to a request: final text, the tokens taken, their logprobs if asked."""
-
-    text: str
-    tokens: list[int]
-    logprobs: list[TokenLogprob]
-
-
-@dataclass(eq=False)
-class Request:
-    key: Any  # the caller's name for it (a line number, an id)
-    tokens: list[int]
-    params: SamplingParams
-    logprobs: int | None = None  # None: none; N: each token's logprob and the N most likely
-    on_delta: Callable[[Delta], None] | None = None  # called on the scheduler's thread
-    cancelled: bool = False  # set from any thread: the request ends at the next step
-    checkpoint: int = 0  # the prompt cache may save the state of tokens[:checkpoint] (0: never)
-
-
-@dataclass
-class Outcome:
-    key: Any
-    completion: Completion | None = None
-    error: str | None = None
-    request: Request | None = None  # the request it ends
-
-
-class _Slot:
-    """One sequence of the context and the request it is serving."""
-
-    def __init__(self, seq_id: int, spec: Speculator | None) -> None:
-        self.seq_id = seq_id
-        self.request: Request | None = None
-        self.spec = spec  # kept from request to request: what it learned carries over
-        self.cache: list[int] = []  # while free: the tokens its KV cells hold (keep_cache)
-        self.used = 0.0  # when its last request ended, to reuse the oldest cache first
-
-    def start(self, request: Request, gen: Generation, cached: int) -> None:
-        self.request, self.gen = request, gen
-        self.n_past = cached  # positions of this sequence in the KV cache
-        self.cached = cached
-        self.next_token: int | None = None  # sampled, to be decoded in the next step
-        self.logits_index: int | None = None  # where this slot's logits are in the batch just decoded
-        self.guesses: list[int] = []  # decoded after next_token in the batch just decoded
-        if self.spec is not None:
-            self.spec.start(request.tokens)
-        self.t_start = time.perf_counter()
-        self.t_prefilled = self.t_first = self.t_start
-
-    @property
-    def prefilling(self) -> bool:
-        return self.request is not None and self.n_past < len(self.request.tokens)
-
-    def decoded(self) -> list[int]:
-        """The tokens at positions [0, n) of its sequence in the KV cache."""
-        if self.request is None:
-            return self.cache
-        return (self.request.tokens + self.gen.generated)[:self.n_past]
 
 
 class Scheduler:
@@ -150,7 +77,7 @@ class Scheduler:
         self.batch = Batch(context.n_batch)
         self.costs = CostModel(self.batch.capacity)  # steps of generating slots only
         first = 1 if shared_prefix else 0  # sequence 0 holds the shared prefix
-        self.slots = [_Slot(seq_id, Speculator(speculation) if speculation and speculation.enabled else None)
+        self.slots = [Slot(seq_id, Speculator(speculation) if speculation and speculation.enabled else None)
                       for seq_id in range(first, parallel + first)]
         for slot in self.slots:  # one acceptance for all: the requests of a batch are usually alike
             if slot.spec is not None and self.slots[0].spec is not None:
@@ -294,39 +221,17 @@ class Scheduler:
         slot.start(request, Generation(self.model, params, chain, limit, slot.spec), shared)
         return None
 
-    def _place(self, tokens: Sequence[int]) -> tuple[_Slot, int | None, int]:
-        """The free slot for `tokens`, the sequence to copy a prefix from (None: the slot's own
-        cells), and how many tokens are already there."""
-        free = [s for s in self.slots if s.request is None]
-        if self.prefix:
-            shared = common_prefix_len(tokens, self.prefix)
-            return free[0], PREFIX_SEQ if shared else None, shared
-        if not self.keep_cache:
-            return free[0], None, 0
-        # Its own cache if it holds the longest prefix; the oldest cache is the one to give up.
-        slot = max(free, key=lambda s: (common_prefix_len(s.cache, tokens), -s.used))
-        own = common_prefix_len(slot.cache, tokens)
-        donor, best = None, own
-        for other in self.slots:
-            n = common_prefix_len(other.decoded(), tokens)
-            if other is not slot and n >= best + MIN_COPY:
-                donor, best = other, n
-        if donor is None:
-            return slot, None, own
-        spare = [s for s in free if s is not donor]
-        if not spare:  # the donor is the only free slot: it keeps what it holds
-            return donor, None, best
-        slot = min(spare, key=lambda s: (common_prefix_len(s.cache, tokens), s.used))
-        return slot, donor.seq_id, best
+    def _place(self, tokens: Sequence[int]) -> tuple[Slot, int | None, int]:
+        return place(self.slots, tokens, self.prefix, keep_cache=self.keep_cache)
 
-    def _restore(self, tokens: Sequence[int], slot: _Slot, donor: int | None,
-                 shared: int) -> tuple[_Slot, int | None, int]:
+    def _restore(self, tokens: Sequence[int], slot: Slot, donor: int | None,
+                 shared: int) -> tuple[Slot, int | None, int]:
         """`_place`'s answer, or the least recently used free slot loaded with the longest
         prefix of `tokens` the prompt cache holds on disk if that is longer."""
         assert self.prompt_cache is not None
         target = min((s for s in self.slots if s.request is None), key=lambda s: s.used)
         before = target.cache
-        held = self.prompt_cache.restore(_SlotState(self, target), tokens, max_tokens=self.slot_cells)
+        held = self.prompt_cache.restore(SlotState(self, target), tokens, max_tokens=self.slot_cells)
         if held > shared:
             return target, None, held
         if target.cache is not before:  # a state llama.cpp refused emptied the slot: place again
@@ -338,7 +243,7 @@ class Scheduler:
         """What the slots' saved states depend on (`session.state_fingerprint`)."""
         return state_fingerprint(self.model, self.context)
 
-    def _step(self, active: list[_Slot]) -> None:
+    def _step(self, active: list[Slot]) -> None:
         """One decode: the next token of each generating slot (and its guesses), then prefill
         chunks as room allows."""
         batch = self.batch
@@ -379,14 +284,14 @@ class Scheduler:
         now = time.perf_counter()
         for slot in saving:  # (the state is copied now and written by a thread of the cache's)
             assert self.prompt_cache is not None
-            self.prompt_cache.store(_SlotState(self, slot), self.cache_name, wait=False)
+            self.prompt_cache.store(SlotState(self, slot), self.cache_name, wait=False)
         if wide and len(batch) == wide:
             self.costs.observe(wide, now - t0)
         for slot in active:
             if slot.logits_index is not None and not slot.gen.generated:
                 slot.t_prefilled = now
 
-    def _checkpoint(self, slot: _Slot) -> int:
+    def _checkpoint(self, slot: Slot) -> int:
         """Where the prompt cache saves the slot's state: its request's checkpoint if it
         computed at least the cache's threshold of those tokens itself (0: nowhere)."""
         assert slot.request is not None
@@ -395,7 +300,7 @@ class Scheduler:
             return 0
         return checkpoint
 
-    def _guesses(self, slot: _Slot, after: int, generating: int) -> list[int]:
+    def _guesses(self, slot: Slot, after: int, generating: int) -> list[int]:
         """What the slot guesses after its next token (just added to the batch): never past its
         token limit, and leaving room in the batch for the `after` slots still to add theirs."""
         gen = slot.gen
@@ -410,7 +315,7 @@ class Scheduler:
 
         return gen.propose(slot.next_token, room, cost_of, share=1.0 / generating)
 
-    def _sample(self, slot: _Slot) -> Outcome | None:
+    def _sample(self, slot: Slot) -> Outcome | None:
         """Sample the slot's next token (and check its guesses); its Outcome when the request is done."""
         request, gen = slot.request, slot.gen
         assert request is not None and slot.logits_index is not None
@@ -436,7 +341,7 @@ class Scheduler:
             return None
         return self._finish(slot, step.finish)
 
-    def _tell(self, slot: _Slot, base: int, taken_before: int, text: str) -> None:
+    def _tell(self, slot: Slot, base: int, taken_before: int, text: str) -> None:
         """Hand the request what this step added (tokens taken from output `base` on)."""
         request = slot.request
         assert request is not None
@@ -450,7 +355,7 @@ class Scheduler:
         if text or tokens:
             request.on_delta(Delta(text, tokens, logprobs))
 
-    def _finish(self, slot: _Slot, finish: str) -> Outcome:
+    def _finish(self, slot: Slot, finish: str) -> Outcome:
         request, gen = slot.request, slot.gen
         assert request is not None
         rest = gen.stream.finish()
@@ -472,43 +377,3 @@ class Scheduler:
         slot.request = None
         slot.used = t_end
         return Outcome(request.key, completion, request=request)
-
-
-class _SlotState:
-    """A slot's sequence as the prompt cache sees it (a `prompt_cache.StateHolder`)."""
-
-    def __init__(self, scheduler: Scheduler, slot: _Slot) -> None:
-        self.scheduler, self.slot = scheduler, slot
-
-    def fingerprint(self) -> dict[str, object]:
-        return self.scheduler.fingerprint
-
-    def save_state(self) -> tuple[list[int], bytes]:
-        context, slot = self.scheduler.context, self.slot
-        return list(slot.decoded()), context.seq_state(slot.seq_id)
-
-    def restore_state(self, tokens: list[int], data: bytes) -> bool:
-        """Load a state into the (free) slot's sequence; False (and an empty slot) if it does not load."""
-        context, slot = self.scheduler.context, self.slot
-        assert slot.request is None
-        context.memory_seq_rm(slot.seq_id, 0, -1)
-        slot.cache = []
-        if not context.set_seq_state(data, slot.seq_id):
-            context.memory_seq_rm(slot.seq_id, 0, -1)
-            return False
-        slot.cache = list(tokens)
-        return True
-
-
-def token_logprob(logits: Any, token: int, top: int) -> TokenLogprob:
-    """The log-probability of `token` under `logits` (a log-softmax), and the `top` likeliest."""
-    import numpy as np
-
-    shifted = logits.astype(np.float64) - float(logits.max())
-    logp = shifted - np.log(np.exp(shifted).sum())
-    best: list[tuple[int, float]] = []
-    if top > 0:
-        ids = np.argpartition(-logp, top)[:top]
-        ids = ids[np.argsort(-logp[ids], kind="stable")]
-        best = [(int(i), float(logp[i])) for i in ids]
-    return TokenLogprob(token, float(logp[token]), best)

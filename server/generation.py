@@ -16,8 +16,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from infer.runtime.engine import Busy, Closed
+from infer.runtime.request import Delta, Outcome, Request
 from infer.runtime.sampling import SamplingParams
-from infer.runtime.scheduler import Delta, Outcome, Request
 from infer.server import schema
 from infer.server.config import Config
 from infer.server.errors import ApiError, busy

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from infer.runtime.scheduler import Delta, Outcome
+from infer.runtime.request import Delta, Outcome
 
 
 class Mailbox:

@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from infer.runtime.scheduler import Delta, Outcome, TokenLogprob
+from infer.runtime.request import Delta, Outcome, TokenLogprob
 from infer.server import schema
 from infer.server.metrics import ModelMetrics
 from infer.server.models import Served

@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from infer.runtime.scheduler import Delta, Outcome
+from infer.runtime.request import Delta, Outcome
 from infer.server.mailbox import Mailbox
 from infer.server.reply import Reply
 

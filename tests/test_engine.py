@@ -11,8 +11,8 @@ import pytest
 from infer.runtime.engine import Engine
 from infer.runtime.llama import Model
 from infer.runtime.params import ContextParams
+from infer.runtime.request import Outcome, Request
 from infer.runtime.sampling import SamplingParams
-from infer.runtime.scheduler import Outcome, Request
 
 ROUNDS = 50
 

@@ -8,8 +8,9 @@ import pytest
 from infer.runtime.evaluate import all_logits
 from infer.runtime.llama import Context, Model
 from infer.runtime.params import ContextParams
+from infer.runtime.request import Request
 from infer.runtime.sampling import SamplingParams
-from infer.runtime.scheduler import Request, Scheduler
+from infer.runtime.scheduler import Scheduler
 from infer.runtime.session import Completion, Session
 
 PROMPTS = [

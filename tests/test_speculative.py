@@ -14,8 +14,9 @@ from real_model import assert_same_or_rounding
 from infer.runtime.llama import Context, Model
 from infer.runtime.params import ContextParams
 from infer.runtime.prompt import chat_prompt, raw_prompt
+from infer.runtime.request import Request
 from infer.runtime.sampling import SamplingParams
-from infer.runtime.scheduler import Request, Scheduler
+from infer.runtime.scheduler import Scheduler
 from infer.runtime.session import Completion, Session
 from infer.runtime.speculative import (
     Acceptance,
