@@ -184,10 +184,6 @@ class MemoryPlan:
     def fits(self) -> bool:
         return all(p.fits for p in self.placements)
 
-    @property
-    def kv_bytes(self) -> int:
-        return sum(p.kv for p in self.placements)
-
 
 @dataclass(frozen=True)
 class Budget:
