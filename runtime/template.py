@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -125,26 +125,28 @@ def _compile(source: str) -> jinja2.Template:
 
 
 def render(source: str, messages: Sequence[Message], *, bos_token: str = "", eos_token: str = "",
-           add_generation_prompt: bool = True) -> str:
-    """Render `messages` with the template `source`.
+           add_generation_prompt: bool = True, variables: Mapping[str, Any] | None = None) -> str:
+    """Render `messages` with the template `source` (and its own `variables`, such as
+    `enable_thinking`: llama-server's chat_template_kwargs).
 
     If the template refuses a system message, the system prompt is merged into
     the first user message and rendering is tried once more.
     """
     template = _compile(source)
     try:
-        return _render(template, messages, bos_token, eos_token, add_generation_prompt)
+        return _render(template, messages, bos_token, eos_token, add_generation_prompt, variables or {})
     except _TemplateRaised:
         merged = merge_system_into_user(messages)
         if merged is None:
             raise
-        return _render(template, merged, bos_token, eos_token, add_generation_prompt)
+        return _render(template, merged, bos_token, eos_token, add_generation_prompt, variables or {})
 
 
 def _render(template: jinja2.Template, messages: Sequence[Message], bos_token: str,
-            eos_token: str, add_generation_prompt: bool) -> str:
+            eos_token: str, add_generation_prompt: bool, variables: Mapping[str, Any]) -> str:
     try:
         return template.render(
+            **variables,
             messages=[dict(m) for m in messages],
             bos_token=bos_token,
             eos_token=eos_token,

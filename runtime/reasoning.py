@@ -1,0 +1,204 @@
+"""A thinking model's reasoning: its markers, learned from the chat template, and a streaming
+splitter that separates the reasoning from the answer (issue 32, first part).
+
+The markers come from what the template renders, never from a model's name, so a template
+never seen before that follows a known convention works:
+
+1. An assistant turn with reasoning (``reasoning_content``, also given as ``thinking``)
+   rendered after a user turn: the text between the reasoning and the answer is the closing
+   marker (``</think>``, ``</seed:think>``, ``[BEGIN FINAL RESPONSE]``...), and the opening one
+   is its conventional pair where the rendering has it before the reasoning (``<think>``),
+   else what the turn has between its header and the reasoning (possibly nothing).
+2. Where the template does not render reasoning in a history, the generation prompt tells:
+   with the template's switches on (``enable_thinking``, ``thinking``) it ends with an
+   opening marker, and off (or by default) with that marker and the closing one after it
+   (DeepSeek V3.1's ``<think></think>``), or with the closing one alone (DeepSeek V4's); or it
+   ends with a marker whose conventional closing is known (R1 distills' ``<think>\\n``).
+
+Whether the reply starts inside the block (the generation prompt already opened it) or the
+block is closed in the prompt (thinking off) is read from the generation prompt too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infer.runtime.template import render
+
+_Q, _R, _A = "Q7f3", "R9k2", "A4m8"  # placeholders no template renders by itself
+SWITCHES_ON = {"enable_thinking": True, "thinking": True}
+SWITCHES_OFF = {"enable_thinking": False, "thinking": False}
+
+# Conventional pairs: a closing marker's opening one.
+_PAIRS = (
+    (re.compile(r"^</([^<>\s]+)>$"), r"<\1>"),  # </think> -> <think>, </seed:think>
+    (re.compile(r"^\[/([^\[\]\s]+)\]$"), r"[\1]"),  # [/THINK] -> [THINK]
+    (re.compile(r"^<\|END_([A-Z_]+)\|>$"), r"<|START_\1|>"),  # Command's <|END_THINKING|>
+)
+# Opening markers whose closing one is conventional, as a generation prompt may end with them.
+_OPENERS = (
+    (re.compile(r"<(think|thinking|seed:think)>"), r"</\1>"),
+    (re.compile(r"\[(THINK)\]"), r"[/\1]"),
+    (re.compile(r"<\|START_(THINKING)\|>"), r"<|END_\1|>"),
+)
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """How a model marks its reasoning: `open` (may be "": the generation prompt alone opens
+    it) and `close`, and whether a reply starts inside the block with the template's default
+    switches (`starts_open`)."""
+
+    open: str
+    close: str
+    starts_open: bool = False
+
+    def starts_open_with(self, generation_prompt: str) -> bool | None:
+        """For a prompt rendered with some switches: True if the reply starts inside the block,
+        False if the prompt closed an empty block (thinking off), None if neither."""
+        tail = generation_prompt.rstrip()
+        if self.close and tail.endswith(self.close):
+            return False
+        return True if (not self.open and tail) or (self.open and tail.endswith(self.open.rstrip())) else None
+
+
+def detect(source: str, *, bos_token: str = "", eos_token: str = "") -> ReasoningFormat | None:
+    """The reasoning convention of the chat template `source`, or None if it has none."""
+
+    def rendered(messages: list[dict[str, str]], generation: bool, variables: Mapping[str, Any] = {}) -> str:
+        try:
+            return render(source, messages, bos_token=bos_token, eos_token=eos_token,
+                          add_generation_prompt=generation, variables=variables)
+        except Exception:  # (a template that refuses this probe says nothing about reasoning)
+            return ""
+
+    user = [{"role": "user", "content": _Q}]
+    prompts = {name: rendered(user, True, switches) for name, switches in
+               (("default", {}), ("on", SWITCHES_ON), ("off", SWITCHES_OFF))}
+    answered = [*user, {"role": "assistant", "content": _A, "reasoning_content": _R, "thinking": _R}]
+    plain = [*user, {"role": "assistant", "content": _A}]
+    found = (_from_history(rendered(answered, False), rendered(plain, False))
+             or _from_prompts(prompts["default"], prompts["on"], prompts["off"]))
+    if found is None:
+        return None
+    opener, closer = found
+    fmt = ReasoningFormat(opener, closer)
+    return ReasoningFormat(opener, closer, bool(fmt.starts_open_with(_after_user(prompts["default"]))))
+
+
+def _after_user(prompt: str) -> str:
+    return prompt[prompt.find(_Q) + len(_Q):] if _Q in prompt else ""
+
+
+def _from_history(with_reasoning: str, without: str) -> tuple[str, str] | None:
+    r, a = with_reasoning.find(_R), with_reasoning.find(_A)
+    if r < 0 or a < r:
+        return None
+    closer = with_reasoning[r + len(_R):a].strip()
+    if not closer:
+        return None
+    before = with_reasoning[:r].rstrip()
+    for pattern, opening in _PAIRS:
+        if pattern.match(closer):
+            opener = pattern.sub(opening, closer)
+            if before.endswith(opener):
+                return opener, closer
+    header = _common_prefix(with_reasoning, without)
+    return with_reasoning[min(header, r):r].strip(), closer
+
+
+def _from_prompts(default: str, on: str, off: str) -> tuple[str, str] | None:
+    """A conventional opening marker that a generation prompt ends with, open or closed again
+    right after (thinking off), with the template's switches on, by default or off."""
+    for prompt in (on, default, off):
+        tail = _after_user(prompt).rstrip()
+        for opening, closing in _OPENERS:
+            for match in opening.finditer(tail):
+                closer = match.expand(closing)
+                if tail[match.end():].strip() in ("", closer):
+                    return match.group(0), closer
+    return None
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ReasoningSplitter:
+    """Generated text in, (reasoning, answer) pieces out, as it streams: a marker split across
+    pieces anywhere is recognised, and nothing of a marker reaches either side.
+
+    `inside`: the reply starts inside the block (its generation prompt opened it). Otherwise
+    a reply that opens with the opening marker (after blank space) thinks first; any other
+    start is all answer. Blank space right after the closing marker is not part of the answer.
+    """
+
+    def __init__(self, fmt: ReasoningFormat, *, inside: bool) -> None:
+        self.fmt = fmt
+        self.state = "thinking" if inside else "start"
+        self.pending = ""  # text that may still be the start of a marker
+        self.reasoning = self.answer = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """The reasoning and the answer text that `text` makes final."""
+        self.pending += text
+        reasoning, answer = self._advance(final=False)
+        self.reasoning += reasoning
+        self.answer += answer
+        return reasoning, answer
+
+    def finish(self) -> tuple[str, str]:
+        reasoning, answer = self._advance(final=True)
+        self.reasoning += reasoning
+        self.answer += answer
+        return reasoning, answer
+
+    def _advance(self, *, final: bool) -> tuple[str, str]:
+        reasoning: list[str] = []
+        answer: list[str] = []
+        while True:
+            text = self.pending
+            if self.state == "start":
+                body = text.lstrip()
+                if body.startswith(self.fmt.open) and self.fmt.open:
+                    self.state, self.pending = "thinking", body[len(self.fmt.open):]
+                    continue
+                if self.fmt.open.startswith(body) and not final:
+                    return "".join(reasoning), "".join(answer)  # still maybe the opening marker
+                self.state = "answer"
+                continue
+            if self.state == "thinking":
+                at = text.find(self.fmt.close)
+                if at >= 0:
+                    reasoning.append(text[:at])
+                    self.state, self.pending = "after", text[at + len(self.fmt.close):]
+                    continue
+                keep = 0 if final else _partial_suffix(text, self.fmt.close)
+                reasoning.append(text[:len(text) - keep])
+                self.pending = text[len(text) - keep:]
+                return "".join(reasoning), "".join(answer)
+            if self.state == "after":
+                body = text.lstrip()
+                if not body and not final:
+                    self.pending = ""
+                    return "".join(reasoning), "".join(answer)
+                self.state, self.pending = "answer", body
+                continue
+            answer.append(text)
+            self.pending = ""
+            return "".join(reasoning), "".join(answer)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that begins `marker`."""
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0

@@ -1,0 +1,103 @@
+"""Thinking models' reasoning (issue 32, first part): the markers learned from real chat
+templates, and the streaming splitter, fed in every split."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tiny_model import fixtures_dir
+
+from infer.runtime.reasoning import ReasoningFormat, ReasoningSplitter, detect
+
+THINK = ("<think>", "</think>")
+
+# Template -> (open, close, starts_open), as each renders a reasoning turn or its generation prompt.
+EXPECTED = {
+    "Qwen-Qwen3-0.6B": (*THINK, False),  # the model opens the block itself
+    "llama-cpp-deepseek-r1": (*THINK, True),  # the generation prompt ends with <think>
+    "deepseek-ai-DeepSeek-V3.1": (*THINK, False),  # off by default: <think></think> in the prompt
+    "deepseek-ai-DeepSeek-V4": (*THINK, False),  # off by default: </think> alone
+    "GLM-4.7-Flash": (*THINK, True),
+    "MiniMax-M2": (*THINK, True),
+    "poolside-Laguna-XS-2.1": (*THINK, False),
+    "ByteDance-Seed-OSS": ("<seed:think>", "</seed:think>", False),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("<|START_THINKING|>", "<|END_THINKING|>", False),
+    "Apriel-1.6-15b-Thinker-fixed": ("", "[BEGIN FINAL RESPONSE]", True),  # "Here are my reasoning steps:"
+    "HuggingFaceTB-SmolLM3-3B": (*THINK, False),
+}
+NO_REASONING = ("Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.2-3B-Instruct", "google-gemma-2-2b-it",
+                "mistralai-Mistral-Nemo-Instruct-2407", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use")
+
+
+def _template(name: str) -> str:
+    return (fixtures_dir() / "chat-templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_markers_come_from_what_the_template_renders(name):
+    assert detect(_template(name), bos_token="<s>", eos_token="</s>") == ReasoningFormat(*EXPECTED[name])
+
+
+@pytest.mark.parametrize("name", NO_REASONING)
+def test_a_template_without_reasoning_is_left_alone(name):
+    assert detect(_template(name), bos_token="<s>", eos_token="</s>") is None
+
+
+def test_a_template_never_seen_that_follows_a_convention_is_recognised():
+    made_up = ("{% for m in messages %}<<{{ m.role }}>>{% if m.reasoning_content %}[THINK]"
+               "{{ m.reasoning_content }}[/THINK]{% endif %}{{ m.content }}{% endfor %}"
+               "{% if add_generation_prompt %}<<assistant>>{% endif %}")
+    assert detect(made_up) == ReasoningFormat("[THINK]", "[/THINK]", False)
+
+
+def _splits(text: str, rng: random.Random) -> list[list[str]]:
+    """The text whole, one character at a time, at every single cut, and at random cuts."""
+    out = [[text], list(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
+    for _ in range(50):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 6))))
+        out.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)])
+    return out
+
+
+# (format, the reply starts inside the block, the generated text, reasoning, answer)
+CASES = [
+    (ReasoningFormat(*THINK), False, "<think>\nThe sky scatters blue.\n</think>\n\nRayleigh scattering.",
+     "\nThe sky scatters blue.\n", "Rayleigh scattering."),
+    (ReasoningFormat(*THINK, True), True, "Let me count: 6*7.\n</think>\n\n42", "Let me count: 6*7.\n", "42"),
+    (ReasoningFormat(*THINK), False, "Hello! No thinking here.", "", "Hello! No thinking here."),
+    (ReasoningFormat(*THINK), False, "<think></think>Closed at once, then <think> as text.", "",
+     "Closed at once, then <think> as text."),
+    (ReasoningFormat(*THINK), False, "<think>a</think>Write </think> to close a block.", "a",
+     "Write </think> to close a block."),
+    (ReasoningFormat("", "[BEGIN FINAL RESPONSE]", True), True,
+     "1. look\n2. see\n[BEGIN FINAL RESPONSE]\nDone.", "1. look\n2. see\n", "Done."),
+    (ReasoningFormat("<|START_THINKING|>", "<|END_THINKING|>"), False,
+     "<|START_THINKING|>plan it<|END_THINKING|>the reply", "plan it", "the reply"),
+    (ReasoningFormat(*THINK, True), True, "thinking that never ends <", "thinking that never ends <", ""),
+]
+
+
+@pytest.mark.parametrize("fmt, inside, text, reasoning, answer", CASES)
+def test_the_splitter_gives_the_same_parts_however_the_text_is_cut(fmt, inside, text, reasoning, answer):
+    rng = random.Random(text)
+    for pieces in _splits(text, rng):
+        splitter = ReasoningSplitter(fmt, inside=inside)
+        got_r, got_a = [], []
+        for piece in pieces:
+            r, a = splitter.feed(piece)
+            got_r.append(r)
+            got_a.append(a)
+        r, a = splitter.finish()
+        got_r.append(r)
+        got_a.append(a)
+        assert ("".join(got_r), "".join(got_a)) == (reasoning, answer), pieces
+        assert (splitter.reasoning, splitter.answer) == (reasoning, answer)
+
+
+def test_no_part_of_a_marker_is_given_out_before_it_is_known():
+    splitter = ReasoningSplitter(ReasoningFormat(*THINK), inside=False)
+    assert splitter.feed("<th") == ("", "")
+    assert splitter.feed("ink>idea</th") == ("idea", "")
+    assert splitter.feed("ink>") == ("", "")
+    assert splitter.feed("\n\nans") == ("", "ans")
