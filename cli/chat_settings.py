@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infer.runtime.errors import UsageError
-from infer.runtime.request_params import PARAMS, set_value
+from infer.runtime.request_params import SAMPLING, set_value
 
 # The context size's names; a request parameter is also named by its long flags ("temp",
 # "max-tokens", "mirostat-lr"), from runtime/request_params.py's table.
@@ -18,7 +18,7 @@ _LIST_HINT = " (/set alone lists them)"
 def _field(key: str) -> str:
     if key in _CTX_NAMES:
         return "ctx"
-    for p in PARAMS.values():
+    for p in SAMPLING.values():
         if key in (f.lstrip("-") for f in p.flags if f.startswith("--")):
             return p.field
     return key.replace("-", "_")
@@ -36,9 +36,9 @@ def parse_setting(arg: str, *, hint: str = _LIST_HINT, no_ctx: str | None = None
         if no_ctx is not None:
             raise UsageError(no_ctx)
         return {key: _parse(key, "int", lambda: int(value), value)}
-    if key not in PARAMS:
+    if key not in SAMPLING:
         raise UsageError(f"unknown parameter {key!r}{hint}")
-    return {key: _parse(key, PARAMS[key].kind, lambda: set_value(PARAMS[key], value), value)}
+    return {key: _parse(key, SAMPLING[key].kind, lambda: set_value(SAMPLING[key], value), value)}
 
 
 def list_settings(params: Any, n_ctx: int) -> str:
@@ -53,7 +53,7 @@ def list_overrides(overrides: Mapping[str, Any]) -> str:
 
 
 def param_names() -> list[str]:
-    return list(PARAMS)
+    return list(SAMPLING)
 
 
 def _parse(key: str, kind: str, read: Any, value: str) -> Any:

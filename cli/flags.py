@@ -47,10 +47,10 @@ def read_text_file(path: str | Path, what: str) -> str:
 def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
     """The SamplingParams fields the user set explicitly, from a command's parsed flags (named
     as the fields: cli/options.py declares one flag per entry of runtime/request_params.py)."""
-    from infer.runtime.request_params import PARAMS, parse_logit_bias
+    from infer.runtime.request_params import SAMPLING, parse_logit_bias
 
     out: dict[str, Any] = {}
-    for p in PARAMS.values():
+    for p in SAMPLING.values():
         value = flags.get(p.field)
         if value is None or value is False or value == [] or value == ():
             continue
@@ -71,6 +71,29 @@ def sampling_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
     if schema is not None and schema.startswith("@"):
         out["json_schema"] = read_text_file(schema[1:], "JSON schema file")
     return out
+
+
+def prompt_settings(flags: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """--think's level and --chat-template-kwargs' variables, checked before anything loads."""
+    import json
+
+    from infer.runtime.request_params import PARAMS
+
+    think = flags.get("think")
+    if think is not None:
+        think = think.strip().lower()
+        if think not in PARAMS["think"].choices:
+            raise UsageError(f"--think {flags['think']!r}: give one of {', '.join(PARAMS['think'].choices)}")
+    text = flags.get("chat_template_kwargs")
+    if text is None:
+        return think, {}
+    try:
+        variables = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"--chat-template-kwargs is not valid JSON: {e}") from None
+    if not isinstance(variables, dict):
+        raise UsageError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return think, variables
 
 
 def spec_params(flags: Mapping[str, Any]) -> Any:

@@ -14,6 +14,7 @@ from infer.cli.flags import (
     context_params,
     load_plan,
     log_to_stderr,
+    prompt_settings,
     read_text_file,
     resolve,
     sampling_overrides,
@@ -48,6 +49,8 @@ def execute(flags: Mapping[str, Any]) -> None:
         SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
         context_params(flags)  # bad values fail before the model loads
         spec_params(flags)
+        if flags["raw"] and prompt_settings(flags) != (None, {}):
+            raise UsageError("--raw sends the prompt as is: it takes no --think or --chat-template-kwargs")
     template = None
     if flags["chat_template_file"] is not None:
         template = read_text_file(flags["chat_template_file"], "chat template file")
@@ -107,9 +110,11 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
             prompt = raw_prompt(session.model, text)
         else:
             record = _ask(record, resolved.reference, system, text)
-            prompt = chat_prompt(session.model, record.messages, template=template)
+            variables = _template_variables(flags, session.model, template)
+            prompt = chat_prompt(session.model, record.messages, template=template, variables=variables)
             if cache is not None:  # where the prompt cache saves a state: two more renderings
-                preamble = preamble_len(session.model, record.messages, prompt.tokens, template=template)
+                preamble = preamble_len(session.model, record.messages, prompt.tokens, template=template,
+                                        variables=variables)
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return
@@ -121,6 +126,18 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
                                       stream=not flags["json_output"])
     resolved.record_use()
     _report(flags, resolved.reference, completion, record)
+
+
+def _template_variables(flags: Mapping[str, Any], model: Any, template: str | None) -> dict[str, Any]:
+    """--think's and --chat-template-kwargs' variables for the chat template; -v says what
+    --think could not set."""
+    from infer.runtime.prompt import template_variables
+
+    think, extra = prompt_settings(flags)
+    variables, note = template_variables(model, template=template, think=think, extra=extra)
+    if note is not None and flags["verbose"]:
+        sys.stderr.write(f"infer: {note}\n")
+    return variables
 
 
 def _ask(record: Any, model: str, system: str | None, text: str) -> Any:

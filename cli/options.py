@@ -19,6 +19,7 @@ SAMPLING = "Sampling"
 SPECULATION = "Speculative decoding"
 CONTEXT = "Context and hardware"
 OUTPUT = "Output"
+THINKING = "Thinking"
 
 # --- sampling: one option per entry of the request parameters' table (runtime/request_params.py)
 _FLAG_TYPES: dict[str, Any] = {"int": int | None, "float": float | None, "bool": bool, "text": str | None,
@@ -28,10 +29,10 @@ _FLAG_TYPES: dict[str, Any] = {"int": int | None, "float": float | None, "bool":
 def _sampling_options() -> tuple[tuple[str, Any, Any], ...]:
     """(name, declaration, default) of each request parameter that has a flag, in the table's order,
     with --grammar-file beside --grammar."""
-    from infer.runtime.request_params import PARAMS
+    from infer.runtime.request_params import SAMPLING as SAMPLING_PARAMS
 
     out: list[tuple[str, Any, Any]] = []
-    for p in PARAMS.values():
+    for p in SAMPLING_PARAMS.values():
         if p.flags:
             option = typer.Option(*p.flags, help=p.help, rich_help_panel=SAMPLING)
             out.append((p.field, Annotated[_FLAG_TYPES[p.kind], option], False if p.kind == "bool" else None))
@@ -160,3 +161,14 @@ def model_command(*own: tuple[str, Any, Any]) -> Callable[[Callable[..., Any]], 
         fn.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         return fn
     return decorate
+
+
+def prompt_options() -> tuple[tuple[str, Any, Any], ...]:
+    """(name, declaration, default) of the request parameters that change how the chat prompt
+    is rendered (--think, --chat-template-kwargs), for the commands that render one."""
+    from infer.runtime.request_params import PARAMS
+
+    return tuple((p.field, Annotated[str | None, typer.Option(
+        *p.flags, help=p.help, rich_help_panel=THINKING, show_default=False,
+        metavar="|".join(p.choices) if p.choices else "JSON")], None)
+        for p in PARAMS.values() if p.group == "prompt")

@@ -56,24 +56,33 @@ def refuse_local_flags(flags: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     SERVER_SIDE, and the request parameters a request cannot carry (no name in the API)."""
     from infer.runtime.request_params import PARAMS
 
-    local = {p.field: "/".join(p.flags) for p in PARAMS.values() if p.flags and not p.names("llama_server")}
+    local = {p.field: "/".join(p.flags) for p in PARAMS.values()
+             if p.flags and p.group == "sampling" and not p.names("llama_server")}
     for name, spelled in {**SERVER_SIDE, **local}.items():
-        value, default = flags.get(name), defaults.get(name)
-        if value != default and not (_empty(value) and _empty(default)):
+        if _given(flags, defaults, name):
             raise UsageError(f"{spelled} belongs where the model is loaded: give it to `infer serve`, not "
                              "to a command sent to a server (--server / INFER_SERVER)")
+    for p in PARAMS.values():
+        if p.group == "prompt" and _given(flags, defaults, p.field):
+            raise UsageError(f"{'/'.join(p.flags)} is not sent to a server yet: run the model here "
+                             "(without --server / INFER_SERVER)")
+
+
+def _given(flags: Mapping[str, Any], defaults: Mapping[str, Any], name: str) -> bool:
+    value, default = flags.get(name), defaults.get(name)
+    return value != default and not (_empty(value) and _empty(default))
 
 
 def request_fields(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The request's sampling fields from infer's SamplingParams overrides, each under its
     name in the API (OpenAI's, else llama-server's: runtime/request_params.py)."""
-    from infer.runtime.request_params import PARAMS
+    from infer.runtime.request_params import SAMPLING
 
     out: dict[str, Any] = {}
     for name, value in overrides.items():
         if value is None:  # not set: the server's default
             continue
-        param = PARAMS.get(name)
+        param = SAMPLING.get(name)
         names = param.names("openai") + param.names("llama_server") if param else ()
         if not names:
             raise UsageError(f"the sampling setting {name} cannot be sent to a server")

@@ -35,6 +35,7 @@ from infer.cli.errors import shielded
         "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)],
      False),
     o.SERVER,
+    *o.prompt_options(),
 )
 def run(ctx: typer.Context, **flags: Any) -> None:
     """Generate a reply to PROMPT and stream it to stdout."""

@@ -11,7 +11,7 @@ and the placeholders are tokenized back as plain text afterwards.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,13 +41,14 @@ def raw_prompt(model: Model, text: str) -> Prompt:
 
 
 def chat_prompt(model: Model, messages: Sequence[Message], *, template: str | None = None,
-                add_generation_prompt: bool = True) -> Prompt:
-    """Render `messages` with `template` (default: the model's own) and tokenize safely."""
+                add_generation_prompt: bool = True, variables: Mapping[str, Any] | None = None) -> Prompt:
+    """Render `messages` with `template` (default: the model's own) and its `variables`
+    (enable_thinking...), and tokenize safely."""
     specials = _special_strings(model, messages)
     if specials:
         messages, literals = _with_placeholders(messages, specials)
     text = render_chat(model, messages, template=template,
-                       add_generation_prompt=add_generation_prompt)
+                       add_generation_prompt=add_generation_prompt, variables=variables)
     if not specials:
         return Prompt(text, _drop_double_bos(model, model.tokenize(
             text, add_special=_adds_bos(model, text), parse_special=True)))
@@ -68,7 +69,7 @@ def chat_prompt(model: Model, messages: Sequence[Message], *, template: str | No
 
 
 def render_chat(model: Model, messages: Sequence[Message], *, template: str | None = None,
-                add_generation_prompt: bool = True) -> str:
+                add_generation_prompt: bool = True, variables: Mapping[str, Any] | None = None) -> str:
     """The prompt text for `messages`: a Jinja template, or llama.cpp's built-in fallback."""
     source = template if template is not None else model.chat_template()
     if source:
@@ -76,7 +77,7 @@ def render_chat(model: Model, messages: Sequence[Message], *, template: str | No
             source, messages,
             bos_token=model.special_token_text(model.bos) if model.bos >= 0 else "",
             eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "",
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt, variables=variables,
         )
     text = model.apply_builtin_template(FALLBACK_TEMPLATE, messages,
                                         add_generation_prompt=add_generation_prompt)
@@ -134,7 +135,7 @@ def _drop_double_bos(model: Model, tokens: list[int]) -> list[int]:
 
 
 def preamble_len(model: Model, messages: Sequence[Message], tokens: Sequence[int], *,
-                 template: str | None = None) -> int:
+                 template: str | None = None, variables: Mapping[str, Any] | None = None) -> int:
     """How many of `tokens` (the prompt of `messages`) come before its last message's text.
 
     That part (the system prompt, few-shot examples, earlier turns, the template's
@@ -151,7 +152,26 @@ def preamble_len(model: Model, messages: Sequence[Message], tokens: Sequence[int
         return 0
     try:
         a, b = (chat_prompt(model, [*messages[:-1], {**messages[-1], "content": text}],
-                            template=template).tokens for text in ("A", "B"))
+                            template=template, variables=variables).tokens for text in ("A", "B"))
     except InferError:
         return 0
     return min(common_prefix_len(a, b), common_prefix_len(a, tokens))
+
+
+def template_variables(model: Model, *, template: str | None = None, think: str | None = None,
+                       extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], str | None]:
+    """The variables to render the chat template with: `think`'s switches as the template
+    (default: the model's own) expects them, then `extra` (--chat-template-kwargs, which win);
+    and a line on what `think` could not set (for -v), or None."""
+    from infer.runtime.reasoning import think_variables
+
+    variables: dict[str, Any] = {}
+    note = None
+    source = template if template is not None else model.chat_template()
+    if think is not None and source:
+        variables, note = think_variables(
+            source, think, bos_token=model.special_token_text(model.bos) if model.bos >= 0 else "",
+            eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "")
+    elif think is not None:
+        note = f"the model has no chat template: --think {think} is not applied"
+    return {**variables, **(extra or {})}, note

@@ -202,3 +202,45 @@ def _partial_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-n:]):
             return n
     return 0
+
+
+THINK_LEVELS = ("on", "off", "low", "medium", "high")
+_EFFORTS = ("low", "medium", "high")
+_NO_SWITCH = "this chat template has no switch for thinking"
+
+
+def think_variables(source: str, level: str, *, bos_token: str = "",
+                    eos_token: str = "") -> tuple[dict[str, Any], str | None]:
+    """The template variables that set thinking to `level` (--think) as the template `source`
+    expects them, and what it cannot express (a line for -v), or None.
+
+    A switch counts where setting it changes the generation prompt: `enable_thinking` and
+    `thinking` (on/off), `reasoning_effort` (low/medium/high: gpt-oss's).
+    """
+    if level not in THINK_LEVELS:
+        raise ValueError(level)
+
+    def prompt(variables: Mapping[str, Any]) -> str:
+        try:
+            return render(source, [{"role": "user", "content": _Q}], bos_token=bos_token, eos_token=eos_token,
+                          add_generation_prompt=True, variables=variables)
+        except Exception:  # (a template that refuses a value does not take that switch)
+            return ""
+
+    booleans = [name for name in SWITCHES_ON if prompt({name: True}) != prompt({name: False})]
+    on = dict.fromkeys(booleans, True)  # (a template may read the effort only with thinking on)
+    effort = len({prompt({**on, "reasoning_effort": e}) for e in _EFFORTS}) > 1
+    if level in _EFFORTS and effort:
+        return {**on, "reasoning_effort": level}, None
+    if level == "off":
+        if booleans:
+            return dict.fromkeys(booleans, False), None
+        if effort:
+            return {"reasoning_effort": "low"}, "this chat template cannot turn thinking off: effort low"
+        return {}, f"{_NO_SWITCH}: --think off is not applied"
+    if booleans:
+        note = None if level == "on" else f"this chat template has no thinking levels: --think {level} is on"
+        return dict.fromkeys(booleans, True), note
+    if level == "on":
+        return {}, None if effort else f"{_NO_SWITCH}: --think on is its default"
+    return {}, f"{_NO_SWITCH}: --think {level} is not applied"

@@ -85,13 +85,14 @@ KINDS = {"int": "int", "float": "float", "bool": "bool", "text": "str", "texts":
 class Param:
     """One request parameter."""
 
-    __slots__ = ("api", "catalog", "default", "field", "flag_none", "flags", "gguf", "help", "kind", "label",
-                 "optional", "range")
+    __slots__ = ("api", "catalog", "choices", "default", "field", "flag_none", "flags", "gguf", "group",
+                 "help", "kind", "label", "optional", "range")
 
     def __init__(self, field: str, kind: str, default: Any, help: str, flags: tuple[str, ...] = (), *,
                  api: dict[str, str | tuple[str, ...]] | None = None, range: Range | None = None,
                  label: str = "", flag_none: int | None = None, gguf: str | None = None,
-                 catalog: bool = False, optional: bool = False) -> None:
+                 catalog: bool = False, optional: bool = False, group: str = "sampling",
+                 choices: tuple[str, ...] = ()) -> None:
         self.field = field  # its SamplingParams field
         self.kind = kind  # a key of KINDS
         self.default = default  # llama.cpp's (None: unset, as for `seed`: a fresh random one)
@@ -104,6 +105,8 @@ class Param:
         self.gguf = gguf  # the GGUF key of the model's recommendation (general.sampling.*)
         self.catalog = catalog  # a models.toml alias may recommend it
         self.optional = optional  # None is a value of the field
+        self.group = group  # "sampling": a SamplingParams field; "prompt": how the chat prompt is rendered
+        self.choices = choices  # the values a text parameter takes, where they are few
 
     def names(self, api: str) -> tuple[str, ...]:
         """Its names in `api` (the first is the one to send), none where it has no name there."""
@@ -219,7 +222,15 @@ PARAMS: dict[str, Param] = {p.field: p for p in (
                                                   "ollama": "format", "responses": "text"}),
     Param("ignore_eos", "bool", False, "Never stop at end-of-generation tokens.", ("--ignore-eos",),
           api=_api("ignore_eos")),
+    # How the chat prompt is rendered (runtime/reasoning.py: a template's own switches).
+    Param("think", "text", None, "Thinking: on, off, low, medium or high, set as the model's chat template "
+          "expects (default: the template's own).", ("--think",), optional=True, group="prompt",
+          choices=("on", "off", "low", "medium", "high"), api={"ollama": "think"}),
+    Param("chat_template_kwargs", "text", None, "More variables for the chat template, as a JSON object "
+          "(e.g. '{\"enable_thinking\": false}').", ("--chat-template-kwargs",), optional=True,
+          group="prompt", api={}),
 )}
+SAMPLING = {name: p for name, p in PARAMS.items() if p.group == "sampling"}  # SamplingParams' fields
 
 
 def out_of_range(field: str, value: float, name: str | None = None) -> str | None:

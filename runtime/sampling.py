@@ -17,14 +17,14 @@ from typing import Any
 
 from infer.runtime.errors import UsageError
 from infer.runtime.llama import Model, SamplerChain, SamplerSpec, load_bindings_module
-from infer.runtime.request_params import PARAMS, logit_bias_error, out_of_range, parse_logit_bias
+from infer.runtime.request_params import SAMPLING, logit_bias_error, out_of_range, parse_logit_bias
 
 __all__ = ["SamplingParams", "build_sampler_chain", "json_schema_to_grammar", "model_sampling_defaults",
            "parse_logit_bias", "sampler_specs"]
 
 # GGUF `general.sampling.*` keys (written by llama.cpp's converter from a model's
 # generation_config.json) -> SamplingParams fields.
-MODEL_DEFAULT_KEYS = {p.gguf: p.field for p in PARAMS.values() if p.gguf}
+MODEL_DEFAULT_KEYS = {p.gguf: p.field for p in SAMPLING.values() if p.gguf}
 
 
 class _Sampling:
@@ -38,10 +38,10 @@ class _Sampling:
     @classmethod
     def resolve(cls, model_defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> SamplingParams:
         """llama.cpp's defaults, then the model's recommendations, then the user's flags."""
-        unknown = set(overrides) - set(PARAMS)
+        unknown = set(overrides) - set(SAMPLING)
         if unknown:
             raise UsageError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
-        merged = {k: v for k, v in model_defaults.items() if k in PARAMS}
+        merged = {k: v for k, v in model_defaults.items() if k in SAMPLING}
         merged.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**merged)
 
@@ -60,7 +60,7 @@ class _Sampling:
 # of runtime/request_params.py's table (its default llama.cpp's), validated on creation.
 SamplingParams: Any = make_dataclass(
     "SamplingParams",
-    [*((p.field, p.annotation, field(default=p.default)) for p in PARAMS.values()),
+    [*((p.field, p.annotation, field(default=p.default)) for p in SAMPLING.values()),
      ("_schema_grammar", "str | None", field(default=None, repr=False, compare=False))],
     bases=(_Sampling,), frozen=True)
 SamplingParams.__module__ = __name__  # (for pickle and repr; make_dataclass's `module=` is 3.12's)
@@ -78,7 +78,7 @@ def _refuse(problem: str | None) -> None:
 
 
 def _validate(p: Any) -> None:
-    for param in PARAMS.values():  # (runtime/request_params.py: one rule per range)
+    for param in SAMPLING.values():  # (runtime/request_params.py: one rule per range)
         value = getattr(p, param.field)
         if param.range is not None and value is not None:
             _refuse(out_of_range(param.field, value))
@@ -151,7 +151,7 @@ def model_sampling_defaults(meta: Callable[[str], str | None]) -> dict[str, Any]
         if raw is None:
             continue
         try:
-            out[name] = int(float(raw)) if PARAMS[name].kind == "int" else float(raw)
+            out[name] = int(float(raw)) if SAMPLING[name].kind == "int" else float(raw)
         except ValueError:
             continue
     return out

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from infer.runtime.request_params import PARAMS, Param, out_of_range
+from infer.runtime.request_params import SAMPLING, Param, out_of_range
 from infer.server.errors import ApiError, invalid, unsupported
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
@@ -71,7 +71,7 @@ _UNSUPPORTED = {
 # Those with a form of their own in the API are read by the functions below.
 _OWN_FORM = ("max_tokens", "stop", "logit_bias", "json_schema")
 _REQUEST_PARAMS = tuple((p, tuple(dict.fromkeys(p.names("openai") + p.names("llama_server"))))
-                        for p in PARAMS.values() if p.field not in _OWN_FORM)
+                        for p in SAMPLING.values() if p.field not in _OWN_FORM)
 _TYPES = {"bool": bool, "text": str}
 
 
@@ -189,7 +189,7 @@ def _request_value(body: dict[str, Any], param: Param, names: tuple[str, ...]) -
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
-    names = PARAMS["max_tokens"].names("openai") + PARAMS["max_tokens"].names("llama_server")
+    names = SAMPLING["max_tokens"].names("openai") + SAMPLING["max_tokens"].names("llama_server")
     values = [v for v in (_number(body, name, int, 1, None) for name in names) if v is not None]
     return values[0] if values else None
 

@@ -101,3 +101,55 @@ def test_no_part_of_a_marker_is_given_out_before_it_is_known():
     assert splitter.feed("ink>idea</th") == ("idea", "")
     assert splitter.feed("ink>") == ("", "")
     assert splitter.feed("\n\nans") == ("", "ans")
+
+
+def test_think_levels_use_the_switches_each_template_has():
+    from infer.runtime.reasoning import think_variables
+
+    qwen3 = _template("Qwen-Qwen3-0.6B")
+    assert think_variables(qwen3, "off") == ({"enable_thinking": False}, None)
+    assert think_variables(qwen3, "on") == ({"enable_thinking": True}, None)
+    variables, note = think_variables(qwen3, "high")  # no levels: on, said under -v
+    assert variables == {"enable_thinking": True} and "--think high is on" in note
+    effort = ("{{ messages[0].content }}{% if add_generation_prompt %}<|effort:{{ reasoning_effort | default"
+              "('medium') }}|>{% endif %}")
+    assert think_variables(effort, "high") == ({"reasoning_effort": "high"}, None)
+    variables, note = think_variables(effort, "off")  # no off switch: the lowest effort, said
+    assert variables == {"reasoning_effort": "low"} and "cannot turn thinking off" in note
+    variables, note = think_variables(_template("Qwen-Qwen2.5-7B-Instruct"), "off")
+    assert variables == {} and "no switch for thinking" in note
+
+
+def test_think_off_renders_what_the_template_renders_for_it(smollm2):
+    """`--think off` gives the prompt the template itself gives with its switch off (rendered
+    here by plain Jinja), as `--chat-template-kwargs` does."""
+    import jinja2
+    from conftest import run_cli
+
+    path = fixtures_dir() / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
+    args = ["run", smollm2, "Hi", "--chat-template-file", path, "--show-prompt"]
+    off = run_cli(*args, "--think", "off")
+    assert off.returncode == 0, off.stderr
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    expected = env.from_string(path.read_text(encoding="utf-8")).render(
+        messages=[{"role": "user", "content": "Hi"}], add_generation_prompt=True, enable_thinking=False)
+    assert "<think>\n\n</think>" in expected
+    assert off.stdout == expected + ("" if expected.endswith("\n") else "\n")
+    kwargs = run_cli(*args, "--chat-template-kwargs", '{"enable_thinking": false}')
+    assert kwargs.stdout == off.stdout
+    on = run_cli(*args, "--think", "on")
+    assert on.stdout != off.stdout and "</think>" not in on.stdout
+
+
+def test_think_is_checked_and_said_where_it_cannot_apply(smollm2):
+    from conftest import run_cli
+
+    said = run_cli("run", smollm2, "Hi", "--think", "off", "-v", "--show-prompt")  # SmolLM2: no switch
+    assert said.returncode == 0 and "no switch for thinking: --think off is not applied" in said.stderr
+    for bad, words in ((["--think", "maybe"], "--think 'maybe': give one of on, off, low, medium, high"),
+                       (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
+                       (["--chat-template-kwargs", "{"], "is not valid JSON"),
+                       (["--raw", "--think", "on"], "--raw sends the prompt as is")):
+        r = run_cli("run", smollm2, "Hi", *bad)
+        assert r.returncode == 2 and words in r.stderr, (bad, r.stderr)
+
