@@ -121,9 +121,10 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
         from infer.runtime.sampling import SamplingParams
 
         params = SamplingParams.resolve(sampling_defaults(session.model, resolved), overrides)
+        split = _splitter(flags, session.model, template, prompt)
+        reply = _Reply(stream=not flags["json_output"], split=split, thinking=_thinking_shown(flags))
         completion = _generate_cached(session, prompt.tokens, params, cache, name=resolved.reference,
-                                      preamble=preamble, continuing=continuing,
-                                      stream=not flags["json_output"])
+                                      preamble=preamble, continuing=continuing, reply=reply)
     resolved.record_use()
     _report(flags, resolved.reference, completion, record)
 
@@ -215,7 +216,7 @@ def _remote_generate(where: remote.Address, path: str, body: Mapping[str, Any], 
 
 
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
-                     continuing: bool, stream: bool) -> Any:
+                     continuing: bool, reply: _Reply) -> Any:
     """Generate through the prompt cache (None: without it).
 
     The cached state sharing the longest prefix is loaded first; states are saved
@@ -225,11 +226,11 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
 
     requested = time.perf_counter()  # time to first token counts the loading of a cached state
     if cache is None:
-        return _generate(session, tokens, params, stream=stream, started=requested)
+        return _generate(session, tokens, params, reply, started=requested)
     session.check_fits(len(tokens), params.max_tokens)
     # A continued conversation's own state is worth loading however short it is.
     cache.restore(session, tokens, min_tokens=1 if continuing else None)
-    completion = _generate(session, tokens, params, stream=stream, started=requested,
+    completion = _generate(session, tokens, params, reply, started=requested,
                            checkpoints=(preamble,) if preamble >= cache.min_tokens else (),
                            on_checkpoint=lambda n: cache.store(session, name, wait=False))
     # The end of the conversation: for --continue, and for the same prompt again.
@@ -238,26 +239,90 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
     return completion
 
 
-def _generate(session: Any, tokens: list[int], params: Any, *, stream: bool, **options: Any) -> Any:
-    """Stream the reply to stdout (unless `stream` is off); the Completion. `options` go to generate."""
+def _generate(session: Any, tokens: list[int], params: Any, reply: _Reply, **options: Any) -> Any:
+    """The reply shown as it streams (`reply`); the Completion. `options` go to generate."""
     from infer.runtime.session import Completion, Piece
 
-    ends_with_newline = True
     try:
         for event in session.generate(tokens, params, **options):
             if isinstance(event, Piece):
-                if stream:
-                    _write(event.text)
-                    ends_with_newline = event.text.endswith("\n")
+                reply.piece(event.text)
             elif isinstance(event, Completion):
                 completion = event
     except KeyboardInterrupt:
-        if stream and not ends_with_newline:
-            _write("\n")
+        reply.end()
         raise
-    if stream and not ends_with_newline:
-        _write("\n")
-    return completion
+    reply.end()
+    return reply.split_off(completion, session.model)
+
+
+def _splitter(flags: Mapping[str, Any], model: Any, template: str | None, prompt: Any) -> Any:
+    """A thinking model's reasoning splitter for this prompt (runtime/reasoning.py), or None."""
+    from infer.runtime.reasoning import ReasoningSplitter, detect
+
+    source = template if template is not None else model.chat_template()
+    if flags["raw"] or not source:
+        return None
+    fmt = detect(source, bos_token=model.special_token_text(model.bos) if model.bos >= 0 else "",
+                 eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "")
+    if fmt is None:
+        return None
+    return ReasoningSplitter(fmt, inside=fmt.starts_open_with(prompt.text) is True)
+
+
+def _thinking_shown(flags: Mapping[str, Any]) -> bool:
+    """The reasoning on stderr: on a terminal unless --hide-thinking; elsewhere with --show-thinking."""
+    if flags["hide_thinking"]:
+        return False
+    return bool(flags["show_thinking"]) or sys.stderr.isatty()
+
+
+class _Reply:
+    """Where a reply's text goes as it streams: the answer to stdout (unless `stream` is off,
+    for --json); a thinking model's reasoning (`split`) apart, on stderr when `thinking` is
+    shown (dimmed on a terminal)."""
+
+    def __init__(self, *, stream: bool, split: Any, thinking: bool) -> None:
+        self.stream, self.split, self.thinking = stream, split, thinking and stream
+        self.last = self.thought = ""  # the last answer and reasoning text written
+
+    def piece(self, text: str) -> None:
+        reasoning, answer = self.split.feed(text) if self.split is not None else ("", text)
+        self._show(reasoning, answer)
+
+    def end(self) -> None:
+        if self.split is not None:
+            self._show(*self.split.finish())
+        if self.thought and not self.thought.endswith("\n"):
+            self._think("\n")
+        if self.stream and self.last and not self.last.endswith("\n"):
+            _write("\n")
+
+    def _show(self, reasoning: str, answer: str) -> None:
+        if reasoning and self.thinking:
+            self._think(reasoning)
+        if answer and self.stream:
+            if self.thought and not self.thought.endswith("\n"):
+                self._think("\n")
+            _write(answer)
+            self.last = answer
+
+    def _think(self, text: str) -> None:
+        dim = sys.stderr.isatty()
+        sys.stderr.write(f"\x1b[2m{text}\x1b[0m" if dim else text)
+        sys.stderr.flush()
+        self.thought = text
+
+    def split_off(self, completion: Any, model: Any) -> Any:
+        """The completion with its text the answer alone and the reasoning apart."""
+        if self.split is None:
+            return completion
+        from infer.runtime.reasoning import reasoning_tokens
+
+        completion.reasoning_tokens = reasoning_tokens(model.token_bytes, completion.tokens, completion.text,
+                                                       self.split.answer_from)
+        completion.text, completion.reasoning = self.split.answer, self.split.reasoning
+        return completion
 
 
 def _write(text: str) -> None:

@@ -15,6 +15,7 @@ def result_json(model: str, c: Any) -> dict[str, Any]:
     return {
         "model": model,
         "text": c.text,
+        **({"reasoning": c.reasoning} if getattr(c, "reasoning", None) is not None else {}),
         "finish_reason": c.finish_reason,
         "seed": c.seed,
         "usage": {
@@ -22,6 +23,7 @@ def result_json(model: str, c: Any) -> dict[str, Any]:
             "cached_tokens": c.usage.cached_tokens,
             "completion_tokens": c.usage.completion_tokens,
             **usage_json(c.usage),
+            **({"reasoning_tokens": c.reasoning_tokens} if getattr(c, "reasoning", None) is not None else {}),
         },
         "timings": {
             "load_ms": round(t.load_ms, 3),

@@ -36,6 +36,12 @@ from infer.cli.errors import shielded
      False),
     o.SERVER,
     *o.prompt_options(),
+    ("show_thinking", Annotated[bool, typer.Option(
+        "--show-thinking", help="A thinking model's reasoning on stderr also when it is not a terminal.",
+        rich_help_panel=o.THINKING)], False),
+    ("hide_thinking", Annotated[bool, typer.Option(
+        "--hide-thinking", help="No reasoning on stderr, also on a terminal (--json still has it).",
+        rich_help_panel=o.THINKING)], False),
 )
 def run(ctx: typer.Context, **flags: Any) -> None:
     """Generate a reply to PROMPT and stream it to stdout."""

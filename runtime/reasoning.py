@@ -22,7 +22,7 @@ block is closed in the prompt (thinking off) is read from the generation prompt 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,10 +145,13 @@ class ReasoningSplitter:
         self.state = "thinking" if inside else "start"
         self.pending = ""  # text that may still be the start of a marker
         self.reasoning = self.answer = ""
+        self.fed = 0  # characters fed
+        self.answer_from: int | None = None  # where the answer began in what was fed
 
     def feed(self, text: str) -> tuple[str, str]:
         """The reasoning and the answer text that `text` makes final."""
         self.pending += text
+        self.fed += len(text)
         reasoning, answer = self._advance(final=False)
         self.reasoning += reasoning
         self.answer += answer
@@ -191,9 +194,25 @@ class ReasoningSplitter:
                     return "".join(reasoning), "".join(answer)
                 self.state, self.pending = "answer", body
                 continue
+            if self.answer_from is None:
+                self.answer_from = self.fed - len(text)
             answer.append(text)
             self.pending = ""
             return "".join(reasoning), "".join(answer)
+
+
+def reasoning_tokens(token_bytes: Callable[[int], bytes], tokens: Sequence[int], text: str,
+                     answer_from: int | None) -> int:
+    """How many of `tokens` (whose text is `text`) came before the answer, which began at
+    character `answer_from` (None: it never began: all of them)."""
+    if answer_from is None:
+        return len(tokens)
+    wanted, seen = len(text[:answer_from].encode("utf-8")), 0
+    for n, token in enumerate(tokens):
+        if seen >= wanted:
+            return n
+        seen += len(token_bytes(token))
+    return len(tokens)
 
 
 def _partial_suffix(text: str, marker: str) -> int:

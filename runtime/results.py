@@ -77,12 +77,14 @@ class Piece(_Record):
 class Completion(_Record):
     """The end of a generation: what was produced, why it ended, and what it cost."""
 
-    _order = ("text", "finish_reason", "usage", "timings", "seed", "stop_string", "tokens")
+    _order = ("text", "finish_reason", "usage", "timings", "seed", "stop_string", "tokens", "reasoning",
+              "reasoning_tokens")
     __slots__ = _order
     _hidden = ("tokens",)
 
     def __init__(self, text: str, finish_reason: str, usage: Usage, timings: Timings, seed: int | None,
-                 stop_string: str | None = None, tokens: list[int] | None = None) -> None:
+                 stop_string: str | None = None, tokens: list[int] | None = None,
+                 reasoning: str | None = None, reasoning_tokens: int = 0) -> None:
         self.text = text
         self.finish_reason = finish_reason  # "eos", "stop" (a stop string), or "length"
         self.usage = usage
@@ -90,3 +92,5 @@ class Completion(_Record):
         self.seed = seed
         self.stop_string = stop_string
         self.tokens = [] if tokens is None else tokens
+        self.reasoning = reasoning  # a thinking model's reasoning, apart from `text` (None: no convention)
+        self.reasoning_tokens = reasoning_tokens  # of the completion tokens, those of the reasoning

@@ -153,3 +153,43 @@ def test_think_is_checked_and_said_where_it_cannot_apply(smollm2):
         r = run_cli("run", smollm2, "Hi", *bad)
         assert r.returncode == 2 and words in r.stderr, (bad, r.stderr)
 
+
+
+def _forced(text: str) -> str:
+    """A grammar whose only sentence is `text` (so that the embedded model writes markers)."""
+    import json
+
+    return f"root ::= {json.dumps(text)}"
+
+
+@pytest.mark.parametrize("template, reply", [
+    ("llama-cpp-deepseek-r1", "Let me add: 2+2.\n</think>\n\nThe answer is 4."),  # the prompt opened it
+    ("Qwen-Qwen3-0.6B", "<think>\nLet me add: 2+2.\n</think>\n\nThe answer is 4."),  # the model opens it
+])
+def test_run_prints_the_answer_and_keeps_the_reasoning_apart(smollm2, template, reply):
+    import json
+
+    from conftest import run_cli
+
+    args = ["run", smollm2, "What is 2+2?", "--chat-template-file",
+            fixtures_dir() / "chat-templates" / f"{template}.jinja", "--grammar", _forced(reply),
+            "--temp", "0"]
+    plain = run_cli(*args)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == "The answer is 4.\n"  # stdout: the answer alone
+    assert "Let me add" not in plain.stderr  # not a terminal: the reasoning is not printed
+    shown = run_cli(*args, "--show-thinking")
+    assert shown.stdout == plain.stdout and "Let me add: 2+2." in shown.stderr
+    result = json.loads(run_cli(*args, "--json").stdout)
+    assert result["text"] == "The answer is 4."
+    assert result["reasoning"].strip() == "Let me add: 2+2."
+    assert 0 < result["usage"]["reasoning_tokens"] < result["usage"]["completion_tokens"]
+
+
+def test_a_model_without_a_reasoning_convention_is_untouched(smollm2):
+    import json
+
+    from conftest import run_cli
+
+    result = json.loads(run_cli("run", smollm2, "Hi", "-n", "4", "--temp", "0", "--json").stdout)
+    assert "reasoning" not in result and "reasoning_tokens" not in result["usage"]
