@@ -96,6 +96,17 @@ def prompt_settings(flags: Mapping[str, Any]) -> tuple[str | None, dict[str, Any
     return think, variables
 
 
+def reasoning_budget(flags: Mapping[str, Any]) -> int | None:
+    """--reasoning-budget, checked (None: no limit)."""
+    from infer.runtime.request_params import out_of_range
+
+    value = flags.get("reasoning_budget")
+    problem = None if value is None else out_of_range("reasoning_budget", value, "--reasoning-budget")
+    if problem is not None:
+        raise UsageError(problem)
+    return None if value is None or value < 0 else value
+
+
 def spec_params(flags: Mapping[str, Any]) -> Any:
     """SpecParams from the --spec-* flags (validated); -md/--model-draft implies --spec-type draft."""
     from infer.runtime.speculative import SpecParams

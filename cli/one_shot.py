@@ -16,6 +16,7 @@ from infer.cli.flags import (
     log_to_stderr,
     prompt_settings,
     read_text_file,
+    reasoning_budget,
     resolve,
     sampling_overrides,
     spec_params,
@@ -49,8 +50,10 @@ def execute(flags: Mapping[str, Any]) -> None:
         SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
         context_params(flags)  # bad values fail before the model loads
         spec_params(flags)
-        if flags["raw"] and prompt_settings(flags) != (None, {}):
-            raise UsageError("--raw sends the prompt as is: it takes no --think or --chat-template-kwargs")
+        budget = reasoning_budget(flags)
+        if flags["raw"] and (prompt_settings(flags) != (None, {}) or budget is not None):
+            raise UsageError("--raw sends the prompt as is: it takes no --think, --chat-template-kwargs or "
+                             "--reasoning-budget")
     template = None
     if flags["chat_template_file"] is not None:
         template = read_text_file(flags["chat_template_file"], "chat template file")
@@ -122,9 +125,10 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
 
         params = SamplingParams.resolve(sampling_defaults(session.model, resolved), overrides)
         split = _splitter(flags, session.model, template, prompt)
+        tokens, budget, split = _thinking_budget(flags, session.model, prompt.tokens, split)
         reply = _Reply(stream=not flags["json_output"], split=split, thinking=_thinking_shown(flags))
-        completion = _generate_cached(session, prompt.tokens, params, cache, name=resolved.reference,
-                                      preamble=preamble, continuing=continuing, reply=reply)
+        completion = _generate_cached(session, tokens, params, cache, name=resolved.reference,
+                                      preamble=preamble, continuing=continuing, reply=reply, budget=budget)
     resolved.record_use()
     _report(flags, resolved.reference, completion, record)
 
@@ -216,7 +220,7 @@ def _remote_generate(where: remote.Address, path: str, body: Mapping[str, Any], 
 
 
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
-                     continuing: bool, reply: _Reply) -> Any:
+                     continuing: bool, reply: _Reply, budget: Any = None) -> Any:
     """Generate through the prompt cache (None: without it).
 
     The cached state sharing the longest prefix is loaded first; states are saved
@@ -226,11 +230,11 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
 
     requested = time.perf_counter()  # time to first token counts the loading of a cached state
     if cache is None:
-        return _generate(session, tokens, params, reply, started=requested)
+        return _generate(session, tokens, params, reply, started=requested, budget=budget)
     session.check_fits(len(tokens), params.max_tokens)
     # A continued conversation's own state is worth loading however short it is.
     cache.restore(session, tokens, min_tokens=1 if continuing else None)
-    completion = _generate(session, tokens, params, reply, started=requested,
+    completion = _generate(session, tokens, params, reply, started=requested, budget=budget,
                            checkpoints=(preamble,) if preamble >= cache.min_tokens else (),
                            on_checkpoint=lambda n: cache.store(session, name, wait=False))
     # The end of the conversation: for --continue, and for the same prompt again.
@@ -267,7 +271,29 @@ def _splitter(flags: Mapping[str, Any], model: Any, template: str | None, prompt
                  eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "")
     if fmt is None:
         return None
-    return ReasoningSplitter(fmt, inside=fmt.starts_open_with(prompt.text) is True)
+    opened = fmt.starts_open_with(prompt.text)  # True: the prompt opened the block; False: closed one
+    return ReasoningSplitter(fmt, inside=opened is True, closed=opened is False)
+
+
+def _thinking_budget(flags: Mapping[str, Any], model: Any, tokens: list[int],
+                     split: Any) -> tuple[list[int], Any, Any]:
+    """--reasoning-budget: the prompt's tokens, the budget for the session, and the splitter.
+    A budget of 0 where the prompt opens the block closes it in the prompt itself."""
+    from infer.runtime.reasoning import ReasoningSplitter, ThinkingBudget
+
+    limit = reasoning_budget(flags)
+    if limit is None:
+        return tokens, None, split
+    if split is None:
+        if flags["verbose"]:
+            sys.stderr.write("infer: the chat template has no reasoning convention: --reasoning-budget is "
+                             "not applied\n")
+        return tokens, None, split
+    closer = model.tokenize(split.fmt.close, add_special=False, parse_special=True)
+    inside = split.state == "thinking"
+    if limit == 0 and inside:
+        return [*tokens, *closer], None, ReasoningSplitter(split.fmt, inside=False, closed=True)
+    return tokens, ThinkingBudget(split.fmt, inside=inside, limit=limit, close_tokens=closer), split
 
 
 def _thinking_shown(flags: Mapping[str, Any]) -> bool:
@@ -320,7 +346,7 @@ class _Reply:
         from infer.runtime.reasoning import reasoning_tokens
 
         completion.reasoning_tokens = reasoning_tokens(model.token_bytes, completion.tokens, completion.text,
-                                                       self.split.answer_from)
+                                                       self.split.answer_from) if self.split.reasoning else 0
         completion.text, completion.reasoning = self.split.answer, self.split.reasoning
         return completion
 

@@ -168,7 +168,7 @@ def prompt_options() -> tuple[tuple[str, Any, Any], ...]:
     is rendered (--think, --chat-template-kwargs), for the commands that render one."""
     from infer.runtime.request_params import PARAMS
 
-    return tuple((p.field, Annotated[str | None, typer.Option(
+    return tuple((p.field, Annotated[_FLAG_TYPES[p.kind], typer.Option(
         *p.flags, help=p.help, rich_help_panel=THINKING, show_default=False,
-        metavar="|".join(p.choices) if p.choices else "JSON")], None)
+        metavar="|".join(p.choices) if p.choices else "N" if p.kind == "int" else "JSON")], None)
         for p in PARAMS.values() if p.group == "prompt")

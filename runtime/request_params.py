@@ -105,7 +105,9 @@ class Param:
         self.gguf = gguf  # the GGUF key of the model's recommendation (general.sampling.*)
         self.catalog = catalog  # a models.toml alias may recommend it
         self.optional = optional  # None is a value of the field
-        self.group = group  # "sampling": a SamplingParams field; "prompt": how the chat prompt is rendered
+        # "sampling": a SamplingParams field; "prompt": read where the chat prompt is rendered and
+        # the model driven (thinking, template variables)
+        self.group = group
         self.choices = choices  # the values a text parameter takes, where they are few
 
     def names(self, api: str) -> tuple[str, ...]:
@@ -229,6 +231,9 @@ PARAMS: dict[str, Param] = {p.field: p for p in (
     Param("chat_template_kwargs", "text", None, "More variables for the chat template, as a JSON object "
           "(e.g. '{\"enable_thinking\": false}').", ("--chat-template-kwargs",), optional=True,
           group="prompt", api={}),
+    Param("reasoning_budget", "int", None, "At most N tokens of thinking: then the reasoning block is closed "
+          "and the answer follows (0: none; -1: no limit).", ("--reasoning-budget",), optional=True,
+          range=Range(-1), label="reasoning budget", group="prompt", api={}),
 )}
 SAMPLING = {name: p for name, p in PARAMS.items() if p.group == "sampling"}  # SamplingParams' fields
 

@@ -22,6 +22,10 @@ from infer.runtime.results import Completion, Piece, Timings
 from infer.runtime.sampling import SamplingParams, build_sampler_chain
 from infer.runtime.speculative import DraftModel, Speculator
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from infer.runtime.reasoning import ThinkingBudget
+
 SEQ_ID = 0
 
 
@@ -240,8 +244,8 @@ class Session:
         self.decode_token(last)
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, checkpoints: Sequence[int] = (),
-                 on_checkpoint: Callable[[int], None] | None = None,
-                 started: float | None = None) -> Iterator[Piece | Completion]:
+                 on_checkpoint: Callable[[int], None] | None = None, started: float | None = None,
+                 budget: ThinkingBudget | None = None) -> Iterator[Piece | Completion]:
         """Prefill `prompt`, then sample until EOS, a stop string, or the token limit.
 
         Yields ``Piece`` events as text becomes final, then one ``Completion``.
@@ -249,6 +253,7 @@ class Session:
         `time.perf_counter()` value) is when the request began, if earlier than this
         call (a state loaded from the prompt cache): prefill and first-token times count from it.
         With a speculator (``self.speculator``), each step may verify several guessed tokens.
+        A thinking `budget` has the session close the reasoning block itself when it is spent.
         """
         self.check_fits(len(prompt), params.max_tokens)
         params = params.with_seed()
@@ -277,7 +282,10 @@ class Session:
                     if step.next_token is None:
                         finish = step.finish or "length"
                         break
-                    step = self._step(gen, step.next_token)
+                    if budget is not None and budget.due(step.text, len(gen.generated)):
+                        step = self._close_thinking(gen, step.next_token, budget.close_tokens)
+                    else:
+                        step = self._step(gen, step.next_token)
             tail = gen.stream.finish()
             if tail:
                 yield Piece(tail)
@@ -291,6 +299,24 @@ class Session:
             calibration_ms=(t_decoding - t_prefilled) * 1000 if calibrating else 0.0,
         )
         yield gen.completion(finish, len(prompt), cached, timings)
+
+    def _close_thinking(self, gen: Generation, token: int, closer: Sequence[int]) -> Step:
+        """Decode the pending `token`, then the reasoning's closing marker as if the model had
+        written it (--reasoning-budget); then the next step of `gen`."""
+        if gen.spec is not None:
+            gen.spec.extend((token, *closer))
+        texts = []
+        for forced in closer:
+            text, ended = gen.take(forced)
+            texts.append(text)
+            if ended is not None:
+                return Step("".join(texts), ended, None, 0)
+        n_past = len(self.tokens)
+        self._batch.set_tokens([token, *closer], start_pos=n_past, seq_id=SEQ_ID)
+        self.context.decode(self._batch)
+        self.tokens.extend((token, *closer))
+        step = gen.step(self.context, -1)
+        return Step("".join(texts) + step.text, step.finish, step.next_token, 0)
 
     def _step(self, gen: Generation, token: int) -> Step:
         """Decode the pending `token` (and what the speculator guesses after it: never past the

@@ -193,3 +193,29 @@ def test_a_model_without_a_reasoning_convention_is_untouched(smollm2):
 
     result = json.loads(run_cli("run", smollm2, "Hi", "-n", "4", "--temp", "0", "--json").stdout)
     assert "reasoning" not in result and "reasoning_tokens" not in result["usage"]
+
+
+def test_a_reasoning_budget_closes_the_block_and_an_answer_follows(smollm2):
+    """Under the R1 template (its prompt opens the block) the embedded model never closes it
+    itself: with a budget, infer writes the closing marker and the answer follows; the budgeted
+    reasoning is where the whole one began (greedy)."""
+    import json
+
+    from conftest import run_cli
+
+    args = ["run", smollm2, "Why is the sky blue?", "--chat-template-file",
+            fixtures_dir() / "chat-templates" / "llama-cpp-deepseek-r1.jinja", "--temp", "0", "-n", "40",
+            "--spec-type", "none", "--json"]
+    whole = json.loads(run_cli(*args).stdout)
+    assert whole["text"] == "" and whole["reasoning"]  # no budget: thinking to the token limit
+    budgeted = json.loads(run_cli(*args, "--reasoning-budget", "8").stdout)
+    assert budgeted["text"].strip(), budgeted  # an answer follows the closed block
+    assert budgeted["reasoning"] and whole["reasoning"].startswith(budgeted["reasoning"])
+    assert 8 <= budgeted["usage"]["reasoning_tokens"] < budgeted["usage"]["completion_tokens"]
+    none = json.loads(run_cli(*args, "--reasoning-budget", "0").stdout)
+    assert none["reasoning"] == "" and none["text"].strip() and none["usage"]["reasoning_tokens"] == 0
+    bad = run_cli("run", smollm2, "Hi", "--reasoning-budget", "-2")
+    assert bad.returncode == 2 and "--reasoning-budget must be >= -1, got -2" in bad.stderr
+    said = run_cli("run", smollm2, "Hi", "-n", "2", "--reasoning-budget", "5", "-v")
+    assert said.returncode == 0
+    assert "no reasoning convention: --reasoning-budget is not applied" in said.stderr
