@@ -21,6 +21,7 @@ block is closed in the prompt (thinking off) is read from the generation prompt 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class ReasoningFormat:
         return True if (not self.open and tail) or (self.open and tail.endswith(self.open.rstrip())) else None
 
 
+@functools.lru_cache(maxsize=64)  # (a server asks for every request; a template's answer never changes)
 def detect(source: str, *, bos_token: str = "", eos_token: str = "") -> ReasoningFormat | None:
     """The reasoning convention of the chat template `source`, or None if it has none."""
 

@@ -41,10 +41,10 @@ class Generations:
         body = schema.parse_body(await read_body(http))
         gen = schema.parse_generation(body, chat=chat)
         served = await self.pool.get(gen.model)
-        tokens, params, checkpoint = await asyncio.to_thread(prepare, served, gen, self.config)
+        tokens, params, checkpoint, thinking = await asyncio.to_thread(prepare, served, gen, self.config)
         mailbox = Mailbox(asyncio.get_running_loop())
         requests = _submit(served, gen, tokens, params, mailbox, checkpoint=checkpoint)
-        reply = Reply(served, gen, len(tokens), self.metrics.of(served.name))
+        reply = Reply(served, gen, len(tokens), self.metrics.of(served.name), thinking=thinking)
         gone = functools.partial(self._abandon, reply, mailbox, requests, served)
         if gen.stream:
             return sse_response(stream(reply, mailbox, len(requests), gone))

@@ -4,7 +4,10 @@ can be seen before the engine starts is a 400 here, before a stream starts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from infer.runtime.errors import InferError
+from infer.runtime.reasoning import ReasoningFormat
 from infer.runtime.request_params import logit_bias_error
 from infer.runtime.sampling import SamplingParams
 from infer.server import schema
@@ -12,18 +15,24 @@ from infer.server.config import Config
 from infer.server.errors import invalid
 from infer.server.models import Served
 
+Thinking = tuple[ReasoningFormat, "bool | None"]  # a reasoning convention, and how the prompt left it
 
-def prepare(served: Served, gen: schema.Generation, config: Config) -> tuple[list[int], SamplingParams, int]:
-    """The prompt's tokens, the sampling parameters and the prompt cache's checkpoint (off
-    the event loop: templates and tokenizing a long prompt take time)."""
+
+def prepare(served: Served, gen: schema.Generation,
+            config: Config) -> tuple[list[int], SamplingParams, int, Thinking | None]:
+    """The prompt's tokens, the sampling parameters, the prompt cache's checkpoint and a
+    thinking model's reasoning convention for this prompt (off the event loop: templates and
+    tokenizing a long prompt take time)."""
     from infer.runtime.prompt import chat_prompt
 
     model = served.model
+    thinking = None
     try:
         params = SamplingParams.resolve(served.opened.sampling_defaults,
                                         {**dict(config.sampling), **gen.overrides})
         if gen.chat:
-            tokens = chat_prompt(model, list(gen.messages), template=config.chat_template).tokens
+            prompt = chat_prompt(model, list(gen.messages), template=config.chat_template)
+            tokens, thinking = prompt.tokens, _thinking(model, config, prompt.text)
         elif isinstance(gen.prompt, str):
             tokens = model.tokenize(gen.prompt, add_special=True, parse_special=False)
         else:
@@ -56,7 +65,20 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> tuple[lis
                       "request "
                       f"may use {limit} (the context of {served.engine.context.n_ctx} tokens shared by "
                       f"{served.engine.parallel} parallel slots)", code="context_length_exceeded")
-    return tokens, params, _checkpoint(served, gen, tokens, config)
+    return tokens, params, _checkpoint(served, gen, tokens, config), thinking
+
+
+def _thinking(model: Any, config: Config, prompt_text: str) -> Thinking | None:
+    """The template's reasoning convention (runtime/reasoning.py) and whether this prompt
+    opened the block (True), closed an empty one (False) or neither (None)."""
+    from infer.runtime.reasoning import detect
+
+    source = config.chat_template if config.chat_template is not None else model.chat_template()
+    if not source:
+        return None
+    fmt = detect(source, bos_token=model.special_token_text(model.bos) if model.bos >= 0 else "",
+                 eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "")
+    return None if fmt is None else (fmt, fmt.starts_open_with(prompt_text))
 
 
 def _checkpoint(served: Served, gen: schema.Generation, tokens: list[int], config: Config) -> int:

@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import Any
 
+from infer.runtime.reasoning import ReasoningSplitter, reasoning_tokens
 from infer.runtime.request import Delta, Outcome, TokenLogprob
 from infer.server import schema
 from infer.server.metrics import ModelMetrics
@@ -19,7 +20,7 @@ class Reply:
     """The choices of one response as they grow, in OpenAI's shapes."""
 
     def __init__(self, served: Served, gen: schema.Generation, prompt_tokens: int,
-                 metrics: ModelMetrics) -> None:
+                 metrics: ModelMetrics, thinking: Any = None) -> None:
         self.served, self.gen, self.metrics = served, gen, metrics
         self.model = served.name
         self.id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -33,12 +34,35 @@ class Reply:
         self.cached_tokens = 0
         self.error: str | None = None
         self.first: Any = None  # the first choice's Completion (for the `infer` extension)
+        # A thinking model's chat: each choice's reasoning apart from its content (reasoning_content)
+        self.splits = None if thinking is None or not gen.chat else [
+            ReasoningSplitter(thinking[0], inside=thinking[1] is True, closed=thinking[1] is False)
+            for _ in range(gen.n)]
+        self.reasonings = [""] * gen.n
+        self.reasoning_tokens = 0
+        self.flushed: set[int] = set()
 
     def add(self, choice: int, delta: Delta) -> None:
-        self.texts[choice] += delta.text
+        self._take(choice, *self._split(choice, delta.text))
         self.logprobs[choice] += delta.logprobs
 
+    def _split(self, choice: int, text: str) -> tuple[str, str]:
+        """The reasoning and the content of a choice's new text."""
+        return self.splits[choice].feed(text) if self.splits is not None else ("", text)
+
+    def _flush(self, choice: int) -> tuple[str, str]:
+        """What a choice's splitter still held (once: at its end)."""
+        if self.splits is None or choice in self.flushed:
+            return "", ""
+        self.flushed.add(choice)
+        return self.splits[choice].finish()
+
+    def _take(self, choice: int, reasoning: str, content: str) -> None:
+        self.reasonings[choice] += reasoning
+        self.texts[choice] += content
+
     def end(self, choice: int, outcome: Outcome) -> None:
+        self._take(choice, *self._flush(choice))
         completion = outcome.completion
         if completion is None:  # failed after it was accepted (the model failed, or shutdown)
             self.metrics.errors += 1
@@ -48,6 +72,9 @@ class Reply:
         self.finish[choice] = FINISH.get(completion.finish_reason, "stop")
         self.tokens[choice] = completion.tokens
         self.completion_tokens += completion.usage.completion_tokens
+        if self.splits is not None and self.reasonings[choice]:
+            self.reasoning_tokens += reasoning_tokens(self.served.model.token_bytes, completion.tokens,
+                                                      completion.text, self.splits[choice].answer_from)
         if choice == 0:
             self.cached_tokens = completion.usage.cached_tokens
             self.first = completion
@@ -55,9 +82,12 @@ class Reply:
         self.metrics.ended(completion.usage, completion.timings, reason)
 
     def usage(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                 "total_tokens": self.prompt_tokens + self.completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if self.splits is not None:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return usage
 
     def extension(self) -> dict[str, Any]:
         """infer's own figures of the first choice, as `infer run --json` reports them (what
@@ -109,9 +139,8 @@ class Reply:
 
     def whole(self) -> dict[str, Any]:
         if self.gen.chat:
-            choices = [{"index": i, "message": {"role": "assistant", "content": self.texts[i]},
-                        "logprobs": self._logprobs(self.logprobs[i]), "finish_reason": self.finish[i]}
-                       for i in range(self.gen.n)]
+            choices = [{"index": i, "message": self._message(i), "logprobs": self._logprobs(self.logprobs[i]),
+                        "finish_reason": self.finish[i]} for i in range(self.gen.n)]
             kind = "chat.completion"
         else:
             choices = [{"index": i, "text": self.texts[i], "logprobs": self._logprobs(self.logprobs[i]),
@@ -131,12 +160,31 @@ class Reply:
                     "finish_reason": finish}
         return self._body(self._chunk_kind(), [body], usage=False)
 
-    def delta_chunk(self, choice: int, delta: Delta) -> dict[str, Any]:
-        return self.chunk(choice, {"content": delta.text}, logprobs=self._logprobs(delta.logprobs))
+    def _message(self, choice: int) -> dict[str, Any]:
+        message = {"role": "assistant", "content": self.texts[choice]}
+        if self.reasonings[choice]:  # (llama-server's and vLLM's field)
+            message["reasoning_content"] = self.reasonings[choice]
+        return message
 
-    def end_chunk(self, choice: int, outcome: Outcome) -> dict[str, Any]:
+    def delta_chunks(self, choice: int, delta: Delta) -> list[dict[str, Any]]:
+        """The chunk of a Delta: its content, and a thinking model's reasoning apart (none while
+        a marker may be starting)."""
+        if self.splits is None:
+            return [self.chunk(choice, {"content": delta.text}, logprobs=self._logprobs(delta.logprobs))]
+        return self._split_chunks(choice, *self._split(choice, delta.text), delta.logprobs)
+
+    def _split_chunks(self, choice: int, reasoning: str, content: str,
+                      logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+        fields = {**({"reasoning_content": reasoning} if reasoning else {}),
+                  **({"content": content} if content else {})}
+        self._take(choice, reasoning, content)
+        return [self.chunk(choice, fields, logprobs=self._logprobs(logprobs))] if fields or logprobs else []
+
+    def end_chunks(self, choice: int, outcome: Outcome) -> list[dict[str, Any]]:
+        """What a choice's splitter still held, then its end."""
+        tail = self._split_chunks(choice, *self._flush(choice), [])
         self.end(choice, outcome)
-        return self.chunk(choice, {}, finish=self.finish[choice])
+        return [*tail, self.chunk(choice, {}, finish=self.finish[choice])]
 
     def usage_chunk(self) -> dict[str, Any]:
         return self._body(self._chunk_kind(), [], usage=True)

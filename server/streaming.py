@@ -33,10 +33,12 @@ async def stream(reply: Reply, mailbox: Mailbox, choices: int, gone: Gone) -> As
             taken = taken or await mailbox.take()
             choice, item = taken.pop(0)
             if isinstance(item, Delta):
-                yield sse(reply.delta_chunk(choice, item))
+                for chunk in reply.delta_chunks(choice, item):
+                    yield sse(chunk)
             else:
                 ended += 1
-                yield sse(reply.end_chunk(choice, item))
+                for chunk in reply.end_chunks(choice, item):
+                    yield sse(chunk)
         if reply.gen.include_usage:
             yield sse(reply.usage_chunk())
         yield b"data: [DONE]\n\n"

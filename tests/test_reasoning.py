@@ -219,3 +219,39 @@ def test_a_reasoning_budget_closes_the_block_and_an_answer_follows(smollm2):
     said = run_cli("run", smollm2, "Hi", "-n", "2", "--reasoning-budget", "5", "-v")
     assert said.returncode == 0
     assert "no reasoning convention: --reasoning-budget is not applied" in said.stderr
+
+
+def test_the_server_returns_the_reasoning_apart_as_infer_run_does(smollm2, tmp_path):
+    """message.reasoning_content and content, streamed or not, are what `infer run --json`
+    puts in reasoning and text, and usage.completion_tokens_details.reasoning_tokens its count."""
+    import json
+
+    import httpx
+    from conftest import run_cli
+    from serve_helpers import Server
+
+    template = fixtures_dir() / "chat-templates" / "llama-cpp-deepseek-r1.jinja"
+    reply = "Let me add: 2+2.\n</think>\n\nThe answer is 4."
+    local = json.loads(run_cli("run", smollm2, "What is 2+2?", "--chat-template-file", template,
+                               "--temp", "0", "--grammar", _forced(reply), "--json").stdout)
+    server = Server(str(smollm2), "-np", "1", "--chat-template-file", str(template), "--no-socket",
+                    home=tmp_path / "home")
+    try:
+        body = {"messages": [{"role": "user", "content": "What is 2+2?"}], "temperature": 0,
+                "grammar": _forced(reply)}
+        whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
+        message = whole["choices"][0]["message"]
+        assert (message["content"], message["reasoning_content"]) == (local["text"], local["reasoning"])
+        details = whole["usage"]["completion_tokens_details"]
+        assert details["reasoning_tokens"] == local["usage"]["reasoning_tokens"]
+        parts = {"content": "", "reasoning_content": ""}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True},
+                          timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        for key in parts:
+                            parts[key] += choice["delta"].get(key) or ""
+        assert (parts["content"], parts["reasoning_content"]) == (local["text"], local["reasoning"])
+    finally:
+        assert server.stop() == 0
