@@ -22,6 +22,7 @@ block is closed in the prompt (thinking off) is read from the generation prompt 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ def _from_history(with_reasoning: str, without: str) -> tuple[str, str] | None:
             opener = pattern.sub(opening, closer)
             if before.endswith(opener):
                 return opener, closer
-    header = _common_prefix(with_reasoning, without)
+    header = len(os.path.commonprefix([with_reasoning, without]))  # noqa: RUF071 (text, not paths)
     return with_reasoning[min(header, r):r].strip(), closer
 
 
@@ -123,14 +124,6 @@ def _from_prompts(default: str, on: str, off: str) -> tuple[str, str] | None:
                 if tail[match.end():].strip() in ("", closer):
                     return match.group(0), closer
     return None
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class ReasoningSplitter:
