@@ -262,13 +262,10 @@ def _generate(session: Any, tokens: list[int], params: Any, reply: _Reply, **opt
 
 def _splitter(flags: Mapping[str, Any], model: Any, template: str | None, prompt: Any) -> Any:
     """A thinking model's reasoning splitter for this prompt (runtime/reasoning.py), or None."""
-    from infer.runtime.reasoning import ReasoningSplitter, detect
+    from infer.runtime.prompt import reasoning_format
+    from infer.runtime.reasoning import ReasoningSplitter
 
-    source = template if template is not None else model.chat_template()
-    if flags["raw"] or not source:
-        return None
-    fmt = detect(source, bos_token=model.special_token_text(model.bos) if model.bos >= 0 else "",
-                 eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "")
+    fmt = None if flags["raw"] else reasoning_format(model, template)
     if fmt is None:
         return None
     opened = fmt.starts_open_with(prompt.text)  # True: the prompt opened the block; False: closed one

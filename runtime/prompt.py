@@ -73,12 +73,8 @@ def render_chat(model: Model, messages: Sequence[Message], *, template: str | No
     """The prompt text for `messages`: a Jinja template, or llama.cpp's built-in fallback."""
     source = template if template is not None else model.chat_template()
     if source:
-        return chat_template.render(
-            source, messages,
-            bos_token=model.special_token_text(model.bos) if model.bos >= 0 else "",
-            eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "",
-            add_generation_prompt=add_generation_prompt, variables=variables,
-        )
+        return chat_template.render(source, messages, **_template_tokens(model),
+                                    add_generation_prompt=add_generation_prompt, variables=variables)
     text = model.apply_builtin_template(FALLBACK_TEMPLATE, messages,
                                         add_generation_prompt=add_generation_prompt)
     if text is None:
@@ -169,9 +165,22 @@ def template_variables(model: Model, *, template: str | None = None, think: str 
     note = None
     source = template if template is not None else model.chat_template()
     if think is not None and source:
-        variables, note = think_variables(
-            source, think, bos_token=model.special_token_text(model.bos) if model.bos >= 0 else "",
-            eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "")
+        variables, note = think_variables(source, think, **_template_tokens(model))
     elif think is not None:
         note = f"the model has no chat template: --think {think} is not applied"
     return {**variables, **(extra or {})}, note
+
+
+def reasoning_format(model: Model, template: str | None = None) -> Any:
+    """The reasoning convention (runtime/reasoning.ReasoningFormat) of `template` (default:
+    the model's own), or None: no template, or none in it."""
+    from infer.runtime.reasoning import detect
+
+    source = template if template is not None else model.chat_template()
+    return detect(source, **_template_tokens(model)) if source else None
+
+
+def _template_tokens(model: Model) -> dict[str, str]:
+    """The BOS and EOS texts a chat template is given."""
+    return {"bos_token": model.special_token_text(model.bos) if model.bos >= 0 else "",
+            "eos_token": model.special_token_text(model.eos) if model.eos >= 0 else ""}

@@ -71,13 +71,9 @@ def prepare(served: Served, gen: schema.Generation,
 def _thinking(model: Any, config: Config, prompt_text: str) -> Thinking | None:
     """The template's reasoning convention (runtime/reasoning.py) and whether this prompt
     opened the block (True), closed an empty one (False) or neither (None)."""
-    from infer.runtime.reasoning import detect
+    from infer.runtime.prompt import reasoning_format
 
-    source = config.chat_template if config.chat_template is not None else model.chat_template()
-    if not source:
-        return None
-    fmt = detect(source, bos_token=model.special_token_text(model.bos) if model.bos >= 0 else "",
-                 eos_token=model.special_token_text(model.eos) if model.eos >= 0 else "")
+    fmt = reasoning_format(model, config.chat_template)
     return None if fmt is None else (fmt, fmt.starts_open_with(prompt_text))
 
 
