@@ -107,6 +107,14 @@ def reasoning_budget(flags: Mapping[str, Any]) -> int | None:
     return None if value is None or value < 0 else value
 
 
+def thinking_request(flags: Mapping[str, Any]) -> Any:
+    """--think, --chat-template-kwargs and --reasoning-budget as a runtime.thinking.ThinkingRequest."""
+    from infer.runtime.thinking import ThinkingRequest
+
+    think, variables = prompt_settings(flags)
+    return ThinkingRequest(think, variables, reasoning_budget(flags))
+
+
 def spec_params(flags: Mapping[str, Any]) -> Any:
     """SpecParams from the --spec-* flags (validated); -md/--model-draft implies --spec-type draft."""
     from infer.runtime.speculative import SpecParams

@@ -20,13 +20,14 @@ from infer.cli.flags import (
     resolve,
     sampling_overrides,
     spec_params,
+    thinking_request,
 )
 from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import UsageError
 
 TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from infer.cli import remote
@@ -50,10 +51,9 @@ def execute(flags: Mapping[str, Any]) -> None:
         SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
         context_params(flags)  # bad values fail before the model loads
         spec_params(flags)
-        budget = reasoning_budget(flags)
-        if flags["raw"] and (prompt_settings(flags) != (None, {}) or budget is not None):
-            raise UsageError("--raw sends the prompt as is: it takes no --think, --chat-template-kwargs or "
-                             "--reasoning-budget")
+    if flags["raw"] and (prompt_settings(flags) != (None, {}) or reasoning_budget(flags) is not None):
+        raise UsageError("--raw sends the prompt as is: it takes no --think, --chat-template-kwargs or "
+                         "--reasoning-budget")
     template = None
     if flags["chat_template_file"] is not None:
         template = read_text_file(flags["chat_template_file"], "chat template file")
@@ -94,8 +94,9 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
     # While llama.cpp loads the model: import the template machinery (Jinja).
     from infer.cli.prompt_cache import open_cache
     from infer.quant.paths import template_cache_dir
-    from infer.runtime.prompt import chat_prompt, preamble_len, raw_prompt
+    from infer.runtime.prompt import preamble_len, raw_prompt
     from infer.runtime.template import use_compiled_cache
+    from infer.runtime.thinking import thinking_prompt
 
     use_compiled_cache(template_cache_dir())
     cache = None if flags["no_cache"] else open_cache()
@@ -106,43 +107,40 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
         attach(flags, session, placed)
         if flags["verbose"]:
             report(placed, session.model)
-        preamble = 0
+        preamble, plan = 0, None
         if flags["raw"]:
             if not text:
                 raise UsageError("the prompt is empty")
             prompt = raw_prompt(session.model, text)
         else:
             record = _ask(record, resolved.reference, system, text)
-            variables = _template_variables(flags, session.model, template)
-            prompt = chat_prompt(session.model, record.messages, template=template, variables=variables)
+            rendered = thinking_prompt(session.model, record.messages, template=template,
+                                       request=thinking_request(flags))
+            _say_notes(flags, rendered.notes)
+            prompt, plan = rendered.prompt, rendered.plan
             if cache is not None:  # where the prompt cache saves a state: two more renderings
                 preamble = preamble_len(session.model, record.messages, prompt.tokens, template=template,
-                                        variables=variables)
+                                        variables=rendered.variables)
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return
         from infer.runtime.sampling import SamplingParams
 
         params = SamplingParams.resolve(sampling_defaults(session.model, resolved), overrides)
-        split = _splitter(flags, session.model, template, prompt)
-        tokens, budget, split = _thinking_budget(flags, session.model, prompt.tokens, split)
-        reply = _Reply(stream=not flags["json_output"], split=split, thinking=_thinking_shown(flags))
+        tokens = rendered.tokens if plan is not None else prompt.tokens
+        reply = _Reply(stream=not flags["json_output"], split=plan and plan.splitter(),
+                       thinking=_thinking_shown(flags))
         completion = _generate_cached(session, tokens, params, cache, name=resolved.reference,
-                                      preamble=preamble, continuing=continuing, reply=reply, budget=budget)
+                                      preamble=preamble, continuing=continuing, reply=reply, thinking=plan)
     resolved.record_use()
     _report(flags, resolved.reference, completion, record)
 
 
-def _template_variables(flags: Mapping[str, Any], model: Any, template: str | None) -> dict[str, Any]:
-    """--think's and --chat-template-kwargs' variables for the chat template; -v says what
-    --think could not set."""
-    from infer.runtime.prompt import template_variables
-
-    think, extra = prompt_settings(flags)
-    variables, note = template_variables(model, template=template, think=think, extra=extra)
-    if note is not None and flags["verbose"]:
-        sys.stderr.write(f"infer: {note}\n")
-    return variables
+def _say_notes(flags: Mapping[str, Any], notes: Sequence[str]) -> None:
+    """What --think or --reasoning-budget could not apply to this template (under -v)."""
+    if flags["verbose"]:
+        for note in notes:
+            sys.stderr.write(f"infer: {note}\n")
 
 
 def _ask(record: Any, model: str, system: str | None, text: str) -> Any:
@@ -193,34 +191,18 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
             system = remote.alias_system(model)
         record = _ask(record, model, system, text)
         path, body = "/v1/chat/completions", {"messages": record.messages}
+        fields.update(remote.thinking_fields(*prompt_settings(flags), reasoning_budget(flags)))
     body.update(model=model, stream=True, stream_options={"include_usage": True}, **fields)
-    completion = _remote_generate(where, path, body, stream=not flags["json_output"])
+    reply = _Reply(stream=not flags["json_output"], split=None, thinking=_thinking_shown(flags))
+    try:  # (Ctrl-C closes the connection: the server stops the request)
+        completion = remote.generate(where, path, body, on_text=reply.piece, on_thought=reply.reasoning)
+    finally:
+        reply.end()
     _report(flags, model, completion, record)
 
 
-def _remote_generate(where: remote.Address, path: str, body: Mapping[str, Any], *, stream: bool) -> Any:
-    """Stream the server's reply to stdout (unless `stream` is off); a Completion of it."""
-    from infer.cli import remote
-
-    said = [""]
-
-    def show(text: str) -> None:
-        _write(text)
-        said[0] = text
-
-    try:
-        completion = remote.generate(where, path, body, on_text=show if stream else None)
-    except KeyboardInterrupt:  # (the connection is closed: the server stops the request)
-        if said[0] and not said[0].endswith("\n"):
-            _write("\n")
-        raise
-    if stream and completion.text and not completion.text.endswith("\n"):
-        _write("\n")
-    return completion
-
-
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
-                     continuing: bool, reply: _Reply, budget: Any = None) -> Any:
+                     continuing: bool, reply: _Reply, thinking: Any = None) -> Any:
     """Generate through the prompt cache (None: without it).
 
     The cached state sharing the longest prefix is loaded first; states are saved
@@ -230,11 +212,11 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
 
     requested = time.perf_counter()  # time to first token counts the loading of a cached state
     if cache is None:
-        return _generate(session, tokens, params, reply, started=requested, budget=budget)
+        return _generate(session, tokens, params, reply, started=requested, thinking=thinking)
     session.check_fits(len(tokens), params.max_tokens)
     # A continued conversation's own state is worth loading however short it is.
     cache.restore(session, tokens, min_tokens=1 if continuing else None)
-    completion = _generate(session, tokens, params, reply, started=requested, budget=budget,
+    completion = _generate(session, tokens, params, reply, started=requested, thinking=thinking,
                            checkpoints=(preamble,) if preamble >= cache.min_tokens else (),
                            on_checkpoint=lambda n: cache.store(session, name, wait=False))
     # The end of the conversation: for --continue, and for the same prompt again.
@@ -260,39 +242,6 @@ def _generate(session: Any, tokens: list[int], params: Any, reply: _Reply, **opt
     return reply.split_off(completion, session.model)
 
 
-def _splitter(flags: Mapping[str, Any], model: Any, template: str | None, prompt: Any) -> Any:
-    """A thinking model's reasoning splitter for this prompt (runtime/reasoning.py), or None."""
-    from infer.runtime.prompt import reasoning_format
-    from infer.runtime.reasoning import ReasoningSplitter
-
-    fmt = None if flags["raw"] else reasoning_format(model, template)
-    if fmt is None:
-        return None
-    opened = fmt.starts_open_with(prompt.text)  # True: the prompt opened the block; False: closed one
-    return ReasoningSplitter(fmt, inside=opened is True, closed=opened is False)
-
-
-def _thinking_budget(flags: Mapping[str, Any], model: Any, tokens: list[int],
-                     split: Any) -> tuple[list[int], Any, Any]:
-    """--reasoning-budget: the prompt's tokens, the budget for the session, and the splitter.
-    A budget of 0 where the prompt opens the block closes it in the prompt itself."""
-    from infer.runtime.reasoning import ReasoningSplitter, ThinkingBudget
-
-    limit = reasoning_budget(flags)
-    if limit is None:
-        return tokens, None, split
-    if split is None:
-        if flags["verbose"]:
-            sys.stderr.write("infer: the chat template has no reasoning convention: --reasoning-budget is "
-                             "not applied\n")
-        return tokens, None, split
-    closer = model.tokenize(split.fmt.close, add_special=False, parse_special=True)
-    inside = split.state == "thinking"
-    if limit == 0 and inside:
-        return [*tokens, *closer], None, ReasoningSplitter(split.fmt, inside=False, closed=True)
-    return tokens, ThinkingBudget(split.fmt, inside=inside, limit=limit, close_tokens=closer), split
-
-
 def _thinking_shown(flags: Mapping[str, Any]) -> bool:
     """The reasoning on stderr: on a terminal unless --hide-thinking; elsewhere with --show-thinking."""
     if flags["hide_thinking"]:
@@ -312,6 +261,10 @@ class _Reply:
     def piece(self, text: str) -> None:
         reasoning, answer = self.split.feed(text) if self.split is not None else ("", text)
         self._show(reasoning, answer)
+
+    def reasoning(self, text: str) -> None:
+        """Reasoning already apart from the answer (a server's reasoning_content)."""
+        self._show(text, "")
 
     def end(self) -> None:
         if self.split is not None:

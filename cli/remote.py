@@ -62,10 +62,6 @@ def refuse_local_flags(flags: Mapping[str, Any], defaults: Mapping[str, Any]) ->
         if _given(flags, defaults, name):
             raise UsageError(f"{spelled} belongs where the model is loaded: give it to `infer serve`, not "
                              "to a command sent to a server (--server / INFER_SERVER)")
-    for p in PARAMS.values():
-        if p.group == "prompt" and _given(flags, defaults, p.field):
-            raise UsageError(f"{'/'.join(p.flags)} is not sent to a server yet: run the model here "
-                             "(without --server / INFER_SERVER)")
 
 
 def _given(flags: Mapping[str, Any], defaults: Mapping[str, Any], name: str) -> bool:
@@ -96,6 +92,16 @@ def request_fields(overrides: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[names[0]] = list(value) if param.kind == "texts" else value
     return out
+
+
+def thinking_fields(think: str | None, variables: Mapping[str, Any], budget: int | None) -> dict[str, Any]:
+    """--think, --chat-template-kwargs and --reasoning-budget (checked: cli/flags.py) as the
+    request's fields, under their names in infer serve's API (llama-server's)."""
+    from infer.runtime.request_params import PARAMS
+
+    values = {"think": think, "chat_template_kwargs": dict(variables) or None, "reasoning_budget": budget}
+    return {PARAMS[field].names("llama_server")[0]: value for field, value in values.items()
+            if value is not None}
 
 
 def alias_system(model: str) -> str | None:
@@ -254,9 +260,10 @@ def events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[Any]:
     """Send one request (streamed): the reply's text as `Piece`s as it comes, then the reply
     as a `Completion`, with the server's own figures (its seed, finish reason, timings).
     Closing the generator early (Ctrl-C) closes the connection: the server stops the request."""
-    from infer.runtime.results import Completion, Piece, Timings, Usage
+    from infer.runtime.results import Completion, Piece, Thought, Timings, Usage
 
     pieces: list[str] = []
+    thoughts: list[str] = []
     usage: dict[str, Any] = {}
     ours: dict[str, Any] = {}
     finish = "length"
@@ -264,6 +271,10 @@ def events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[Any]:
     try:
         for event in stream:
             for choice in event.get("choices") or ():
+                thought = choice["delta"].get("reasoning_content") if "delta" in choice else None
+                if thought:
+                    thoughts.append(thought)
+                    yield Thought(thought)
                 piece = choice["delta"].get("content") if "delta" in choice else choice.get("text")
                 if piece:
                     pieces.append(piece)
@@ -282,22 +293,25 @@ def events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[Any]:
               usage.get("completion_tokens", 0), ours.get("draft_tokens", 0), ours.get("accepted_tokens", 0)),
         Timings(0.0, t.get("prefill_ms", 0.0), t.get("decode_ms", 0.0), t.get("ttft_ms", 0.0),
                 t.get("prefill_tokens", 0)),
-        ours.get("seed"))
+        ours.get("seed"), reasoning="".join(thoughts) if "completion_tokens_details" in usage else None,
+        reasoning_tokens=(usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0))
 
 
 def generate(addr: Address, path: str, body: Mapping[str, Any], *,
-             on_text: Callable[[str], None] | None = None) -> Any:
-    """Send one request (streamed); `on_text` sees the reply's text as it comes. The reply as
-    a `Completion` (see `events`)."""
-    from infer.runtime.results import Piece
+             on_text: Callable[[str], None] | None = None,
+             on_thought: Callable[[str], None] | None = None) -> Any:
+    """Send one request (streamed); `on_text` sees the reply's text as it comes, `on_thought`
+    a thinking model's reasoning. The reply as a `Completion` (see `events`)."""
+    from infer.runtime.results import Piece, Thought
 
     replies = events(addr, path, body)
     try:
         for event in replies:
-            if not isinstance(event, Piece):
+            if not isinstance(event, (Piece, Thought)):
                 return event
-            if on_text is not None:
-                on_text(event.text)
+            seen = on_text if isinstance(event, Piece) else on_thought
+            if seen is not None:
+                seen(event.text)
     finally:
         replies.close()
     raise AssertionError("events() ends with a Completion")

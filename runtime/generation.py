@@ -14,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from infer.runtime.llama import SamplerSpec
 from infer.runtime.results import Completion, Timings, Usage
+from infer.runtime.sampling import build_sampler_chain
 from infer.runtime.speculative import Speculator, verify
 from infer.runtime.textstream import TextStream
+from infer.runtime.thinking import ThinkingPlan
 
 
 def take_token(model: Any, params: Any, stream: TextStream, generated: list[int],
@@ -45,20 +48,57 @@ class Step(NamedTuple):
 
 class Generation:
     """A request's tokens being generated: its parameters (with a concrete seed), sampler
-    chain, token limit, text and tokens so far, and its speculator's tally."""
+    chain, token limit, text and tokens so far, and its speculator's tally.
 
-    def __init__(self, model: Any, params: Any, chain: Any, limit: int,
-                 spec: Speculator | None = None) -> None:
-        self.model, self.params, self.chain, self.limit, self.spec = model, params, chain, limit, spec
+    A thinking model's reply (`thinking`: its prompt's plan) is followed as it is taken: while
+    the model thinks, the grammar (--grammar, --json-schema) and the stop strings are held
+    back, so that they constrain the answer alone; a reply free to open the block starts under
+    a grammar that takes the opening marker or the answer."""
+
+    def __init__(self, model: Any, params: Any, limit: int, spec: Speculator | None = None, *,
+                 thinking: ThinkingPlan | None = None) -> None:
+        self.model, self.params, self.limit, self.spec = model, params, limit, spec
+        self.chain = build_sampler_chain(params, model)
         self.stream = TextStream(params.stop)
         self.generated: list[int] = []
         self.drafted = self.accepted = 0
+        self.track = thinking.track() if thinking is not None else None
+        if self.track is not None and self.track.state in ("start", "thinking"):
+            self._constrain("start", self.track.state)
 
     def close(self) -> None:
         self.chain.close()
 
     def take(self, token: int) -> tuple[str, str | None]:
-        return take_token(self.model, self.params, self.stream, self.generated, self.limit, token)
+        text, ended = take_token(self.model, self.params, self.stream, self.generated, self.limit, token)
+        track = self.track
+        if track is not None and text:
+            before = track.state
+            track.feed(text)
+            if track.state != before:
+                self._constrain(before, track.state)
+        return text, ended
+
+    def thinking_due(self) -> bool:
+        """Whether the reasoning budget is spent now: the caller writes the closing marker."""
+        return self.track is not None and self.track.due(len(self.generated))
+
+    def _constrain(self, before: str, state: str) -> None:
+        """The grammar and stop strings for the reply's new `state` (runtime/thinking.py)."""
+        assert self.track is not None
+        grammar = self.params.effective_grammar
+        if state == "thinking":
+            self.stream.set_stops(())
+            if grammar is not None:
+                self.chain.set_grammar(None)
+        elif state == "start" and grammar is not None:
+            start = self.track.plan.start_grammar(grammar)
+            if start is not None:
+                self.chain.set_grammar(SamplerSpec("grammar", start))
+        elif before == "thinking":  # the answer begins: constrained from its first token
+            self.stream.set_stops(self.params.stop)
+            if grammar is not None:
+                self.chain.set_grammar(SamplerSpec("grammar", (grammar,)))
 
     def propose(self, token: int, room: int, cost_of: Callable[[int], float] | None = None,
                 share: float = 1.0) -> list[int]:

@@ -259,23 +259,3 @@ def think_variables(source: str, level: str, *, bos_token: str = "",
     if level == "on":
         return {}, None if effort else f"{_NO_SWITCH}: --think on is its default"
     return {}, f"{_NO_SWITCH}: --think {level} is not applied"
-
-
-class ThinkingBudget:
-    """--reasoning-budget: after `limit` tokens of reasoning, the session writes the closing
-    marker's tokens (`close_tokens`) itself, and the answer follows. It follows the reply's
-    text with a splitter of its own to know whether the model is thinking."""
-
-    def __init__(self, fmt: ReasoningFormat, *, inside: bool, limit: int,
-                 close_tokens: Sequence[int]) -> None:
-        self.splitter = ReasoningSplitter(fmt, inside=inside)
-        self.limit, self.close_tokens = limit, list(close_tokens)
-        self.spent = False
-
-    def due(self, text: str, generated: int) -> bool:
-        """Given a step's text and the tokens generated so far: whether to close the block now."""
-        self.splitter.feed(text)
-        if self.spent or self.splitter.state != "thinking" or generated < self.limit:
-            return False
-        self.spent = True
-        return True

@@ -9,6 +9,7 @@ from typing import Any
 
 from infer.runtime.results import Completion
 from infer.runtime.sampling import SamplingParams
+from infer.runtime.thinking import ThinkingPlan
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Request:
     on_delta: Callable[[Delta], None] | None = None  # called on the scheduler's thread
     cancelled: bool = False  # set from any thread: the request ends at the next step
     checkpoint: int = 0  # the prompt cache may save the state of tokens[:checkpoint] (0: never)
+    thinking: ThinkingPlan | None = None  # a thinking model's reply: runtime/thinking.py
 
 
 @dataclass

@@ -105,8 +105,8 @@ class Param:
         self.gguf = gguf  # the GGUF key of the model's recommendation (general.sampling.*)
         self.catalog = catalog  # a models.toml alias may recommend it
         self.optional = optional  # None is a value of the field
-        # "sampling": a SamplingParams field; "prompt": read where the chat prompt is rendered and
-        # the model driven (thinking, template variables)
+        # "sampling": a SamplingParams field; "reply": how a server returns the reply; "prompt": read
+        # where the chat prompt is rendered and the model driven (thinking, template variables)
         self.group = group
         self.choices = choices  # the values a text parameter takes, where they are few
 
@@ -227,13 +227,19 @@ PARAMS: dict[str, Param] = {p.field: p for p in (
     # How the chat prompt is rendered (runtime/reasoning.py: a template's own switches).
     Param("think", "text", None, "Thinking: on, off, low, medium or high, set as the model's chat template "
           "expects (default: the template's own).", ("--think",), optional=True, group="prompt",
-          choices=("on", "off", "low", "medium", "high"), api={"ollama": "think"}),
+          choices=("on", "off", "low", "medium", "high"),
+          api={"ollama": "think", "llama_server": "think", "openai": "reasoning_effort"}),
     Param("chat_template_kwargs", "text", None, "More variables for the chat template, as a JSON object "
           "(e.g. '{\"enable_thinking\": false}').", ("--chat-template-kwargs",), optional=True,
-          group="prompt", api={}),
+          group="prompt", api={"llama_server": "chat_template_kwargs"}),
     Param("reasoning_budget", "int", None, "At most N tokens of thinking: then the reasoning block is closed "
           "and the answer follows (0: none; -1: no limit).", ("--reasoning-budget",), optional=True,
-          range=Range(-1), label="reasoning budget", group="prompt", api={}),
+          range=Range(-1), label="reasoning budget", group="prompt",
+          api={"llama_server": "reasoning_budget"}),
+    # How the reply is returned: a server's alone (`infer run --json` always has it apart).
+    Param("reasoning_format", "text", "auto", "A thinking model's reasoning apart (auto, deepseek) or left "
+          "in the text (none).", (), group="reply", choices=("auto", "deepseek", "none"),
+          api={"llama_server": "reasoning_format"}),
 )}
 SAMPLING = {name: p for name, p in PARAMS.items() if p.group == "sampling"}  # SamplingParams' fields
 

@@ -74,6 +74,17 @@ class Piece(_Record):
         self.text = text
 
 
+class Thought(_Record):
+    """A thinking model's reasoning that is final, apart from the answer (what a server sends
+    as `reasoning_content`)."""
+
+    _order = ("text",)
+    __slots__ = _order
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 class Completion(_Record):
     """The end of a generation: what was produced, why it ended, and what it cost."""
 

@@ -45,7 +45,6 @@ from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.request import Delta, Outcome, Request, token_logprob
 from infer.runtime.results import Timings
-from infer.runtime.sampling import build_sampler_chain
 from infer.runtime.session import common_prefix_len, state_fingerprint
 from infer.runtime.slot import MIN_COPY, PREFIX_SEQ, Slot, SlotState, place
 from infer.runtime.speculative import CostModel, SpecParams, Speculator
@@ -203,9 +202,10 @@ class Scheduler:
         if self.prompt_cache is not None and shared < self.prompt_cache.min_tokens < len(tokens):
             slot, donor, shared = self._restore(tokens, slot, donor, shared)
         shared = min(shared, len(tokens) - 1)  # the last prompt token is decoded in the slot, for its logits
+        limit = room if max_tokens is None else max_tokens
         try:
-            params = request.params.with_seed()
-            chain = build_sampler_chain(params, self.model)
+            gen = Generation(self.model, request.params.with_seed(), limit, slot.spec,
+                             thinking=request.thinking)
         except InferError as e:
             return Outcome(request.key, error=str(e), request=request)
         if donor is None:  # its own cells: keep the shared part, drop the rest
@@ -217,8 +217,7 @@ class Scheduler:
             self.context.memory_seq_cp(donor, slot.seq_id, 0, -1)
             self.context.memory_seq_rm(slot.seq_id, shared, -1)
         slot.cache = []
-        limit = room if max_tokens is None else max_tokens
-        slot.start(request, Generation(self.model, params, chain, limit, slot.spec), shared)
+        slot.start(request, gen, shared)
         return None
 
     def _place(self, tokens: Sequence[int]) -> tuple[Slot, int | None, int]:
@@ -253,9 +252,12 @@ class Scheduler:
             slot.logits_index = None
         for i, slot in enumerate(generating):
             assert slot.next_token is not None
-            slot.logits_index = batch.add(slot.next_token, slot.n_past, slot.seq_id, True)
-            slot.n_past += 1
-            slot.guesses = self._guesses(slot, len(generating) - i - 1, len(generating))
+            forced, slot.forced = slot.forced, []  # a closing marker the slot writes itself
+            written = [slot.next_token, *forced]
+            for j, token in enumerate(written):
+                slot.logits_index = batch.add(token, slot.n_past, slot.seq_id, j == len(written) - 1)
+                slot.n_past += 1
+            slot.guesses = [] if forced else self._guesses(slot, len(generating) - i - 1, len(generating))
             slot.next_token = None
             for guess in slot.guesses:
                 batch.add(guess, slot.n_past, slot.seq_id, True)
@@ -336,10 +338,13 @@ class Scheduler:
             slot.n_past -= step.rejected
             self.context.memory_seq_rm(slot.seq_id, slot.n_past, -1)
         self._tell(slot, base, taken_before, step.text)
-        if step.finish is None:
+        finish = step.finish
+        if finish is None and gen.thinking_due():
+            assert step.next_token is not None
+            finish = slot.close_thinking(step.next_token)
+        elif finish is None:
             slot.next_token = step.next_token
-            return None
-        return self._finish(slot, step.finish)
+        return None if finish is None else self._finish(slot, finish)
 
     def _tell(self, slot: Slot, base: int, taken_before: int, text: str) -> None:
         """Hand the request what this step added (tokens taken from output `base` on)."""

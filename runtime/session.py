@@ -19,12 +19,12 @@ from infer.runtime.generation import Generation, Step
 from infer.runtime.llama import Batch, Context, Model
 from infer.runtime.params import ContextParams
 from infer.runtime.results import Completion, Piece, Timings
-from infer.runtime.sampling import SamplingParams, build_sampler_chain
+from infer.runtime.sampling import SamplingParams
 from infer.runtime.speculative import DraftModel, Speculator
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from infer.runtime.reasoning import ThinkingBudget
+    from infer.runtime.thinking import ThinkingPlan
 
 SEQ_ID = 0
 
@@ -245,7 +245,7 @@ class Session:
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, checkpoints: Sequence[int] = (),
                  on_checkpoint: Callable[[int], None] | None = None, started: float | None = None,
-                 budget: ThinkingBudget | None = None) -> Iterator[Piece | Completion]:
+                 thinking: ThinkingPlan | None = None) -> Iterator[Piece | Completion]:
         """Prefill `prompt`, then sample until EOS, a stop string, or the token limit.
 
         Yields ``Piece`` events as text becomes final, then one ``Completion``.
@@ -253,23 +253,24 @@ class Session:
         `time.perf_counter()` value) is when the request began, if earlier than this
         call (a state loaded from the prompt cache): prefill and first-token times count from it.
         With a speculator (``self.speculator``), each step may verify several guessed tokens.
-        A thinking `budget` has the session close the reasoning block itself when it is spent.
+        A thinking model's reply follows its prompt's `thinking` plan (runtime/thinking.py): the
+        session closes the reasoning block itself when the plan's budget is spent.
         """
         self.check_fits(len(prompt), params.max_tokens)
         params = params.with_seed()
         t_start = time.perf_counter() if started is None else started
         spec = self.speculator
-        with build_sampler_chain(params, self.model) as chain:
+        limit = self.n_ctx - len(prompt)
+        if params.max_tokens is not None:
+            limit = min(limit, params.max_tokens)
+        gen = Generation(self.model, params, limit, spec, thinking=thinking)
+        try:
             cached = self.prefill(prompt, checkpoints=checkpoints, on_checkpoint=on_checkpoint)
-            limit = self.n_ctx - len(prompt)
-            if params.max_tokens is not None:
-                limit = min(limit, params.max_tokens)
             t_prefilled = time.perf_counter()
             calibrating = spec is not None and spec.needs_profile and limit > 1
             if spec is not None and calibrating:
                 self._calibrate(spec)  # once per model and settings
             t_decoding = time.perf_counter()
-            gen = Generation(self.model, params, chain, limit, spec)
             if spec is not None:
                 spec.start(prompt)
             finish, t_first = "length", time.perf_counter()  # (with limit 0: the end of prefill)
@@ -282,14 +283,17 @@ class Session:
                     if step.next_token is None:
                         finish = step.finish or "length"
                         break
-                    if budget is not None and budget.due(step.text, len(gen.generated)):
-                        step = self._close_thinking(gen, step.next_token, budget.close_tokens)
+                    if gen.thinking_due():
+                        assert thinking is not None
+                        step = self._close_thinking(gen, step.next_token, thinking.close_tokens)
                     else:
                         step = self._step(gen, step.next_token)
             tail = gen.stream.finish()
             if tail:
                 yield Piece(tail)
             t_end = time.perf_counter()
+        finally:
+            gen.close()
         timings = Timings(
             load_ms=self.load_ms,
             prefill_ms=(t_prefilled - t_start) * 1000,

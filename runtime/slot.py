@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from infer.runtime.generation import Generation
-from infer.runtime.request import Request
+from infer.runtime.request import Delta, Request, TokenLogprob
 from infer.runtime.session import common_prefix_len
 from infer.runtime.speculative import Speculator
 
@@ -33,10 +33,33 @@ class Slot:
         self.next_token: int | None = None  # sampled, to be decoded in the next step
         self.logits_index: int | None = None  # where this slot's logits are in the batch just decoded
         self.guesses: list[int] = []  # decoded after next_token in the batch just decoded
+        self.forced: list[int] = []  # written after next_token (a closing marker: runtime/thinking.py)
         if self.spec is not None:
             self.spec.start(request.tokens)
         self.t_start = time.perf_counter()
         self.t_prefilled = self.t_first = self.t_start
+
+    def close_thinking(self, token: int) -> str | None:
+        """The reasoning budget is spent: after the pending `token` the slot writes the closing
+        marker itself (decoded with it at the next step), as if the model had. Why the request
+        ends with it, if it does (the token limit)."""
+        request, gen = self.request, self.gen
+        assert request is not None and request.thinking is not None
+        closer = list(request.thinking.close_tokens)
+        if gen.spec is not None:
+            gen.spec.extend((token, *closer))
+        texts, ended = [], None
+        for n, forced in enumerate(closer):
+            text, ended = gen.take(forced)
+            texts.append(text)
+            if ended is not None:
+                closer = closer[:n + 1]
+                break
+        if request.on_delta is not None:  # (written, not sampled: a log-probability of 0)
+            request.on_delta(Delta("".join(texts), closer, [TokenLogprob(t, 0.0, []) for t in closer]
+                                   if request.logprobs is not None else []))
+        self.next_token, self.forced = token, closer
+        return ended
 
     @property
     def prefilling(self) -> bool:

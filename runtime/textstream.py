@@ -23,6 +23,11 @@ class TextStream:
         self.text = ""  # everything released so far
         self.stopped_by: str | None = None
 
+    def set_stops(self, stop: Sequence[str]) -> None:
+        """Look for these stop strings in the text from now on (a thinking model's answer)."""
+        self._stop = tuple(stop)
+        self._longest = max((len(s) for s in self._stop), default=0)
+
     def feed(self, data: bytes) -> str:
         """Add one token's bytes; return the text that is now safe to print."""
         if self.stopped_by is not None:

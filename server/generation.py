@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from infer.runtime.engine import Busy, Closed
 from infer.runtime.request import Delta, Outcome, Request
 from infer.runtime.sampling import SamplingParams
+from infer.runtime.thinking import ThinkingPlan
 from infer.server import schema
 from infer.server.config import Config
 from infer.server.errors import ApiError, busy
@@ -43,7 +44,8 @@ class Generations:
         served = await self.pool.get(gen.model)
         tokens, params, checkpoint, thinking = await asyncio.to_thread(prepare, served, gen, self.config)
         mailbox = Mailbox(asyncio.get_running_loop())
-        requests = _submit(served, gen, tokens, params, mailbox, checkpoint=checkpoint)
+        requests = _submit(served, gen, tokens, params, mailbox, checkpoint=checkpoint,
+                           thinking=thinking.plan if thinking is not None else None)
         reply = Reply(served, gen, len(tokens), self.metrics.of(served.name), thinking=thinking)
         gone = functools.partial(self._abandon, reply, mailbox, requests, served)
         if gen.stream:
@@ -102,7 +104,7 @@ class Generations:
 
 
 def _submit(served: Served, gen: schema.Generation, tokens: list[int], params: SamplingParams,
-            mailbox: Mailbox, *, checkpoint: int = 0) -> list[Request]:
+            mailbox: Mailbox, *, checkpoint: int = 0, thinking: ThinkingPlan | None = None) -> list[Request]:
     requests = []
     try:
         for i in range(gen.n):
@@ -110,7 +112,7 @@ def _submit(served: Served, gen: schema.Generation, tokens: list[int], params: S
             if params.seed is not None and i:  # the choices differ, and each can be reproduced
                 choice_params = replace(params, seed=(params.seed + i) % 0xFFFFFFFF)
             request = Request(i, tokens, choice_params, logprobs=gen.logprobs,
-                              on_delta=mailbox.sender(i), checkpoint=checkpoint)
+                              on_delta=mailbox.sender(i), checkpoint=checkpoint, thinking=thinking)
             served.engine.submit(request, on_done=mailbox.sender(i))
             requests.append(request)
     except (Busy, Closed) as e:

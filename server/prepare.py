@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from infer.runtime.errors import InferError
-from infer.runtime.reasoning import ReasoningFormat
+from infer.runtime.log import logger
 from infer.runtime.request_params import logit_bias_error
 from infer.runtime.sampling import SamplingParams
 from infer.server import schema
@@ -15,15 +15,18 @@ from infer.server.config import Config
 from infer.server.errors import invalid
 from infer.server.models import Served
 
-Thinking = tuple[ReasoningFormat, "bool | None"]  # a reasoning convention, and how the prompt left it
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from infer.runtime.thinking import ThinkingPrompt
 
+log = logger("infer.server")
 
 def prepare(served: Served, gen: schema.Generation,
-            config: Config) -> tuple[list[int], SamplingParams, int, Thinking | None]:
-    """The prompt's tokens, the sampling parameters, the prompt cache's checkpoint and a
-    thinking model's reasoning convention for this prompt (off the event loop: templates and
+            config: Config) -> tuple[list[int], SamplingParams, int, ThinkingPrompt | None]:
+    """The prompt's tokens, the sampling parameters, the prompt cache's checkpoint and a chat's
+    rendering with its thinking plan (runtime/thinking.py) (off the event loop: templates and
     tokenizing a long prompt take time)."""
-    from infer.runtime.prompt import chat_prompt
+    from infer.runtime.thinking import thinking_prompt
 
     model = served.model
     thinking = None
@@ -31,8 +34,11 @@ def prepare(served: Served, gen: schema.Generation,
         params = SamplingParams.resolve(served.opened.sampling_defaults,
                                         {**dict(config.sampling), **gen.overrides})
         if gen.chat:
-            prompt = chat_prompt(model, list(gen.messages), template=config.chat_template)
-            tokens, thinking = prompt.tokens, _thinking(model, config, prompt.text)
+            thinking = thinking_prompt(model, list(gen.messages), template=config.chat_template,
+                                       request=gen.thinking)
+            tokens = thinking.tokens
+            for note in thinking.notes:
+                log.info("%s", note)
         elif isinstance(gen.prompt, str):
             tokens = model.tokenize(gen.prompt, add_special=True, parse_special=False)
         else:
@@ -65,19 +71,12 @@ def prepare(served: Served, gen: schema.Generation,
                       "request "
                       f"may use {limit} (the context of {served.engine.context.n_ctx} tokens shared by "
                       f"{served.engine.parallel} parallel slots)", code="context_length_exceeded")
-    return tokens, params, _checkpoint(served, gen, tokens, config), thinking
+    variables = thinking.variables if thinking is not None else {}
+    return tokens, params, _checkpoint(served, gen, tokens, config, variables), thinking
 
 
-def _thinking(model: Any, config: Config, prompt_text: str) -> Thinking | None:
-    """The template's reasoning convention (runtime/reasoning.py) and whether this prompt
-    opened the block (True), closed an empty one (False) or neither (None)."""
-    from infer.runtime.prompt import reasoning_format
-
-    fmt = reasoning_format(model, config.chat_template)
-    return None if fmt is None else (fmt, fmt.starts_open_with(prompt_text))
-
-
-def _checkpoint(served: Served, gen: schema.Generation, tokens: list[int], config: Config) -> int:
+def _checkpoint(served: Served, gen: schema.Generation, tokens: list[int], config: Config,
+                variables: dict[str, Any]) -> int:
     """Where the prompt cache may save the prompt's state: before the last message of a
     chat (what the next turn of the conversation sends again), the whole of a raw prompt."""
     cache = served.engine.prompt_cache
@@ -87,4 +86,5 @@ def _checkpoint(served: Served, gen: schema.Generation, tokens: list[int], confi
         return len(tokens)
     from infer.runtime.prompt import preamble_len
 
-    return preamble_len(served.model, list(gen.messages), tokens, template=config.chat_template)
+    return preamble_len(served.model, list(gen.messages), tokens, template=config.chat_template,
+                        variables=variables)

@@ -35,9 +35,9 @@ class Reply:
         self.error: str | None = None
         self.first: Any = None  # the first choice's Completion (for the `infer` extension)
         # A thinking model's chat: each choice's reasoning apart from its content (reasoning_content)
-        self.splits = None if thinking is None or not gen.chat else [
-            ReasoningSplitter(thinking[0], inside=thinking[1] is True, closed=thinking[1] is False)
-            for _ in range(gen.n)]
+        # (`thinking`: its runtime.thinking.ThinkingPrompt; reasoning_format none: not apart)
+        splits = [thinking.splitter() for _ in range(gen.n)] if thinking is not None else []
+        self.splits: list[ReasoningSplitter] | None = splits if splits and splits[0] is not None else None
         self.reasonings = [""] * gen.n
         self.reasoning_tokens = 0
         self.flushed: set[int] = set()

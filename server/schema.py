@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from infer.runtime.request_params import SAMPLING, Param, out_of_range
+from infer.runtime.request_params import PARAMS, SAMPLING, Param, out_of_range
+from infer.runtime.thinking import ThinkingRequest
 from infer.server.errors import ApiError, invalid, unsupported
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
@@ -28,7 +29,7 @@ class Generation:
 
     chat: bool  # /v1/chat/completions (messages) or /v1/completions (prompt)
     model: str | None
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, str], ...] = ()  # role, content (and an assistant's reasoning)
     prompt: str | tuple[int, ...] = ""
     stream: bool = False
     include_usage: bool = False
@@ -36,6 +37,7 @@ class Generation:
     logprobs: int | None = None  # None: no logprobs; k: each token's and the k likeliest
     sampling: tuple[tuple[str, Any], ...] = ()  # SamplingParams fields the request sets
     return_tokens: bool = False  # llama-server's extension: the generated token ids in each choice
+    thinking: ThinkingRequest = field(default_factory=ThinkingRequest)  # a thinking model's settings
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -122,9 +124,45 @@ def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
     common: dict[str, Any] = {"model": model, "stream": stream, "include_usage": include_usage, "n": n or 1,
                               "logprobs": logprobs, "sampling": tuple(sampling.items()),
                               "return_tokens": bool(_optional(body, "return_tokens", bool))}
+    thinking = _thinking(body)
     if chat:
-        return Generation(chat=True, messages=_messages(body.get("messages")), **common)
+        return Generation(chat=True, messages=_messages(body.get("messages")), thinking=thinking, **common)
+    if thinking != ThinkingRequest():
+        name = next(n for n in _THINKING_NAMES if body.get(n) is not None)
+        raise invalid(name, f"{name} applies to chat completions, whose chat template renders the prompt")
     return Generation(chat=False, prompt=_prompt(body.get("prompt")), **common)
+
+
+_EFFORT = {"none": "off", "minimal": "low", "low": "low", "medium": "medium", "high": "high"}  # OpenAI's
+_THINKING_NAMES = tuple(name for p in PARAMS.values() if p.group in ("prompt", "reply")
+                        for name in p.names("openai") + p.names("llama_server"))
+
+
+def _thinking(body: dict[str, Any]) -> ThinkingRequest:
+    """A thinking model's settings: `think` (true, false or a level: Ollama's), OpenAI's
+    `reasoning_effort`, `chat_template_kwargs`, `reasoning_budget` and `reasoning_format`."""
+    think = body.get("think")
+    levels = PARAMS["think"].choices
+    if isinstance(think, bool):
+        think = "on" if think else "off"
+    elif think is not None and think not in levels:
+        raise invalid("think", f"think must be true, false or one of {', '.join(levels)}")
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in _EFFORT:
+            raise invalid("reasoning_effort", f"reasoning_effort must be one of {', '.join(_EFFORT)}")
+        if think is not None and think != _EFFORT[effort]:
+            raise invalid("reasoning_effort", "give either think or reasoning_effort, not both")
+        think = _EFFORT[effort]
+    variables = body.get("chat_template_kwargs")
+    if variables is not None and not isinstance(variables, dict):
+        raise invalid("chat_template_kwargs", "chat_template_kwargs must be an object")
+    budget = _request_value(body, PARAMS["reasoning_budget"], ("reasoning_budget",))
+    shape = _optional(body, "reasoning_format", str)
+    if shape is not None and shape not in PARAMS["reasoning_format"].choices:
+        raise invalid("reasoning_format", "reasoning_format must be one of "
+                      f"{', '.join(PARAMS['reasoning_format'].choices)}")
+    return ThinkingRequest(think, variables or {}, budget, shape != "none")
 
 
 def _check_tool_choice(body: dict[str, Any]) -> None:
@@ -276,8 +314,24 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
             raise unsupported(where, "a tool message or tool call")
         if role not in ("system", "user", "assistant"):
             raise invalid(f"{where}.role", f"{where}.role must be system, developer, user or assistant")
-        out.append({"role": role, "content": _content(m.get("content"), f"{where}.content")})
+        message = {"role": role, "content": _content(m.get("content"), f"{where}.content")}
+        reasoning = _history_reasoning(m, where) if role == "assistant" else None
+        if reasoning is not None:  # (the name templates read it by: most the first, some the second)
+            message["reasoning_content"] = message["thinking"] = reasoning
+        out.append(message)
     return tuple(out)
+
+
+def _history_reasoning(message: dict[str, Any], where: str) -> str | None:
+    """An earlier reply's reasoning (llama-server's and vLLM's `reasoning_content`, also
+    `reasoning` or Ollama's `thinking`), passed to templates that render it."""
+    for name in ("reasoning_content", "reasoning", "thinking"):
+        value = message.get(name)
+        if value is not None:
+            if not isinstance(value, str):
+                raise invalid(f"{where}.{name}", f"{where}.{name} must be a string")
+            return value
+    return None
 
 
 def _content(value: Any, where: str) -> str:

@@ -156,34 +156,69 @@ def test_think_is_checked_and_said_where_it_cannot_apply(smollm2):
 
 
 def _forced(text: str) -> str:
-    """A grammar whose only sentence is `text` (so that the embedded model writes markers)."""
+    """A grammar whose only sentence is `text` (it constrains the answer alone)."""
     import json
 
     return f"root ::= {json.dumps(text)}"
 
 
-@pytest.mark.parametrize("template, reply", [
-    ("llama-cpp-deepseek-r1", "Let me add: 2+2.\n</think>\n\nThe answer is 4."),  # the prompt opened it
-    ("Qwen-Qwen3-0.6B", "<think>\nLet me add: 2+2.\n</think>\n\nThe answer is 4."),  # the model opens it
-])
-def test_run_prints_the_answer_and_keeps_the_reasoning_apart(smollm2, template, reply):
+R1 = fixtures_dir() / "chat-templates" / "llama-cpp-deepseek-r1.jinja"  # its prompt opens the block
+QWEN3 = fixtures_dir() / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"  # the model may open it
+# Under the R1 template the embedded model thinks (it never closes the block itself): a budget
+# of 6 tokens closes it, and the grammar, which constrains the answer alone, writes the answer.
+THOUGHT = ["--chat-template-file", R1, "--reasoning-budget", "6", "--grammar", _forced("The answer is 4."),
+           "--temp", "0", "-n", "40", "--spec-type", "none"]
+
+
+def test_run_prints_the_answer_and_keeps_the_reasoning_apart(smollm2):
     import json
 
     from conftest import run_cli
 
-    args = ["run", smollm2, "What is 2+2?", "--chat-template-file",
-            fixtures_dir() / "chat-templates" / f"{template}.jinja", "--grammar", _forced(reply),
-            "--temp", "0"]
+    args = ["run", smollm2, "What is 2+2?", *THOUGHT]
     plain = run_cli(*args)
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout == "The answer is 4.\n"  # stdout: the answer alone
-    assert "Let me add" not in plain.stderr  # not a terminal: the reasoning is not printed
-    shown = run_cli(*args, "--show-thinking")
-    assert shown.stdout == plain.stdout and "Let me add: 2+2." in shown.stderr
     result = json.loads(run_cli(*args, "--json").stdout)
-    assert result["text"] == "The answer is 4."
-    assert result["reasoning"].strip() == "Let me add: 2+2."
-    assert 0 < result["usage"]["reasoning_tokens"] < result["usage"]["completion_tokens"]
+    assert result["text"] == "The answer is 4." and result["reasoning"].strip()
+    assert result["reasoning"] not in plain.stderr  # not a terminal: the reasoning is not printed
+    shown = run_cli(*args, "--show-thinking")
+    assert shown.stdout == plain.stdout and result["reasoning"].strip() in shown.stderr
+    assert 6 <= result["usage"]["reasoning_tokens"] < result["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("template", [R1, QWEN3])
+def test_a_json_schema_constrains_the_answer_after_the_reasoning(smollm2, template):
+    """The schema holds for the answer, not the thinking: under R1's template the reply is
+    reasoning first (closed by the budget), then JSON; under Qwen 3's the reply may open a
+    block or answer at once, and the answer is JSON either way."""
+    import json
+
+    from conftest import run_cli
+
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    result = json.loads(run_cli("run", smollm2, "What is 2+2? Answer in JSON.", "--chat-template-file",
+                                template, "--reasoning-budget", "8", "--json-schema", json.dumps(schema),
+                                "--temp", "0", "-n", "60", "--json").stdout)
+    answer = json.loads(result["text"])
+    assert isinstance(answer["answer"], int)
+    if template == R1:
+        assert result["reasoning"].strip() and result["usage"]["reasoning_tokens"] >= 8
+
+
+def test_stop_strings_end_the_answer_not_the_reasoning(smollm2):
+    """A stop string the model writes while thinking does not end the reply: it ends the answer."""
+    import json
+
+    from conftest import run_cli
+
+    base = ["run", smollm2, "Why is the sky blue?", "--chat-template-file", R1, "--temp", "0", "-n", "40",
+            "--reasoning-budget", "12", "--spec-type", "none", "--json"]
+    whole = json.loads(run_cli(*base).stdout)
+    word = next(w for w in whole["reasoning"].split() if f" {w} " in whole["text"])  # in both (" is ")
+    stopped = json.loads(run_cli(*base, "--stop", f" {word} ").stdout)
+    assert stopped["reasoning"] == whole["reasoning"] and stopped["finish_reason"] == "stop"
+    assert stopped["text"] == whole["text"][:whole["text"].index(f" {word} ")]
 
 
 def test_a_model_without_a_reasoning_convention_is_untouched(smollm2):
@@ -218,7 +253,7 @@ def test_a_reasoning_budget_closes_the_block_and_an_answer_follows(smollm2):
     assert bad.returncode == 2 and "--reasoning-budget must be >= -1, got -2" in bad.stderr
     said = run_cli("run", smollm2, "Hi", "-n", "2", "--reasoning-budget", "5", "-v")
     assert said.returncode == 0
-    assert "no reasoning convention: --reasoning-budget is not applied" in said.stderr
+    assert "no reasoning convention: the reasoning budget is not applied" in said.stderr
 
 
 def test_the_server_returns_the_reasoning_apart_as_infer_run_does(smollm2, tmp_path):
@@ -230,15 +265,12 @@ def test_the_server_returns_the_reasoning_apart_as_infer_run_does(smollm2, tmp_p
     from conftest import run_cli
     from serve_helpers import Server
 
-    template = fixtures_dir() / "chat-templates" / "llama-cpp-deepseek-r1.jinja"
-    reply = "Let me add: 2+2.\n</think>\n\nThe answer is 4."
-    local = json.loads(run_cli("run", smollm2, "What is 2+2?", "--chat-template-file", template,
-                               "--temp", "0", "--grammar", _forced(reply), "--json").stdout)
-    server = Server(str(smollm2), "-np", "1", "--chat-template-file", str(template), "--no-socket",
-                    home=tmp_path / "home")
+    local = json.loads(run_cli("run", smollm2, "What is 2+2?", *THOUGHT, "--json").stdout)
+    server = Server(str(smollm2), "-np", "1", "--chat-template-file", str(R1), "--no-socket",
+                    "--spec-type", "none", home=tmp_path / "home")
     try:
-        body = {"messages": [{"role": "user", "content": "What is 2+2?"}], "temperature": 0,
-                "grammar": _forced(reply)}
+        body = {"messages": [{"role": "user", "content": "What is 2+2?"}], "temperature": 0, "max_tokens": 40,
+                "reasoning_budget": 6, "grammar": _forced("The answer is 4.")}
         whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
         message = whole["choices"][0]["message"]
         assert (message["content"], message["reasoning_content"]) == (local["text"], local["reasoning"])
@@ -253,5 +285,70 @@ def test_the_server_returns_the_reasoning_apart_as_infer_run_does(smollm2, tmp_p
                         for key in parts:
                             parts[key] += choice["delta"].get(key) or ""
         assert (parts["content"], parts["reasoning_content"]) == (local["text"], local["reasoning"])
+        # Through the server, `infer run` prints and reports what it does with the model loaded here.
+        remote = ["run", smollm2, "What is 2+2?", "--server", server.url, "--reasoning-budget", "6",
+                  "--grammar", _forced("The answer is 4."), "--temp", "0", "-n", "40"]
+        there = json.loads(run_cli(*remote, "--json").stdout)
+        assert (there["text"], there["reasoning"]) == (local["text"], local["reasoning"])
+        assert there["usage"]["reasoning_tokens"] == local["usage"]["reasoning_tokens"]
+        shown = run_cli(*remote, "--show-thinking")
+        assert shown.stdout == "The answer is 4.\n" and local["reasoning"].strip() in shown.stderr
+        assert local["reasoning"].strip() not in run_cli(*remote).stderr
+        raw = httpx.post(server.url + "/v1/chat/completions", json={**body, "reasoning_format": "none"},
+                         timeout=120).json()["choices"][0]["message"]
+        assert "reasoning_content" not in raw  # reasoning_format none: the text as the model wrote it
+        assert raw["content"] == local["reasoning"] + "</think>" + local["text"]
+    finally:
+        assert server.stop() == 0
+
+
+def test_the_server_takes_the_thinking_settings_as_infer_run_does(smollm2, tmp_path):
+    """think (Ollama's), reasoning_effort (OpenAI's) and chat_template_kwargs render what --think
+    and --chat-template-kwargs render; an earlier reply's reasoning_content reaches a template
+    that renders it; bad values are a 400 naming the field."""
+    import json
+
+    import httpx
+    from conftest import run_cli
+    from serve_helpers import Server
+
+    def local(*flags: str) -> dict:
+        return json.loads(run_cli("run", smollm2, "What is 2+2?", "--chat-template-file", QWEN3,
+                                  "--temp", "0", "-n", "12", *flags, "--json").stdout)
+
+    off, on = local("--think", "off"), local("--think", "on")
+    assert off["usage"]["prompt_tokens"] != on["usage"]["prompt_tokens"]  # the template's switch
+    server = Server(str(smollm2), "-np", "1", "--chat-template-file", str(QWEN3), "--no-socket",
+                    home=tmp_path / "home")
+    url = server.url + "/v1/chat/completions"
+    try:
+        base = {"messages": [{"role": "user", "content": "What is 2+2?"}], "temperature": 0, "max_tokens": 12}
+        for extra, expected in (({"think": False}, off), ({"reasoning_effort": "none"}, off),
+                                ({"chat_template_kwargs": {"enable_thinking": False}}, off),
+                                ({"think": "on"}, on)):
+            reply = httpx.post(url, json={**base, **extra}, timeout=120).json()
+            assert reply["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"], extra
+            assert reply["choices"][0]["message"]["content"] == expected["text"], extra
+        history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                   {"role": "user", "content": "What is 2+2?"}]
+        thought = [history[0], {**history[1], "reasoning_content": "The user greets me."}, history[2]]
+        plain, kept = (httpx.post(url, json={**base, "messages": m, "max_tokens": 1}, timeout=120).json()
+                       for m in (history, thought))
+        # (Qwen 3's template drops the reasoning of turns before the last question: the same prompt)
+        assert plain["usage"]["prompt_tokens"] == kept["usage"]["prompt_tokens"]
+        # (and renders it for a reply after the last question: there it is in the prompt)
+        answered = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]
+        reasoned = [answered[0], {**answered[1], "reasoning_content": "2+2 is 4."}]
+        plain, kept = (httpx.post(url, json={**base, "messages": m, "max_tokens": 1}, timeout=120).json()
+                       for m in (answered, reasoned))
+        assert kept["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+        for bad, field in (({"think": "maybe"}, "think"), ({"reasoning_effort": "max"}, "reasoning_effort"),
+                           ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+                           ({"reasoning_budget": -2}, "reasoning_budget"),
+                           ({"reasoning_format": "xml"}, "reasoning_format")):
+            r = httpx.post(url, json={**base, **bad}, timeout=120)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (bad, r.text)
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "think": True}, timeout=120)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "think"
     finally:
         assert server.stop() == 0

@@ -62,6 +62,7 @@ class SamplerChain:
     """
 
     def __init__(self, model: Model, specs: Sequence[SamplerSpec]) -> None:
+        self._model = model
         self._grammar: Any = None
         self._ptr: Any = None  # every sampler but the grammar, in order
         self._n_vocab = model.n_vocab
@@ -115,6 +116,14 @@ class SamplerChain:
             raise LlamaError("the sampler chain selected no token")
         return int(cur.data[cur.selected].id)
 
+    def set_grammar(self, spec: SamplerSpec | None) -> None:
+        """Constrain what follows with a fresh grammar (a "grammar" spec), or no longer (None):
+        the other samplers keep their state (a thinking model's answer: runtime/thinking.py)."""
+        fresh = _make_sampler(self._model, spec) if spec is not None else None
+        if self._grammar:
+            C.llama_sampler_free(self._grammar)
+        self._grammar = fresh
+
     def accept(self, token: int) -> None:
         C.llama_sampler_accept(self._ptr, token)
         if self._grammar:
@@ -123,7 +132,7 @@ class SamplerChain:
     def clone(self) -> SamplerChain:
         """An independent copy in the same state (random generator, penalties, grammar)."""
         twin = SamplerChain.__new__(SamplerChain)
-        twin._n_vocab, twin._candidates = self._n_vocab, None
+        twin._model, twin._n_vocab, twin._candidates = self._model, self._n_vocab, None
         twin._ptr = C.llama_sampler_clone(self._ptr)
         twin._grammar = C.llama_sampler_clone(self._grammar) if self._grammar else None
         return twin
@@ -199,10 +208,10 @@ def _make_sampler(model: Model, spec: SamplerSpec) -> Any:
         arr_b = (ctypes.c_char_p * len(encoded))(*encoded)
         smpl = C.llama_sampler_init_dry(model.vocab, multiplier, base, allowed_length, last_n,
                                         arr_b, len(encoded))
-    elif kind == "grammar":
-        (grammar,) = args
+    elif kind == "grammar":  # (GBNF text[, the name of its root rule])
+        grammar, root = (*args, "root")[:2]
         with native_stderr_captured() as said:  # the parser reports errors on fd 2
-            smpl = C.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), b"root")
+            smpl = C.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), root.encode())
         detail = " ".join(said.text.split())
         if not smpl:
             raise UsageError(f"invalid grammar: {detail}" if detail else "invalid grammar")

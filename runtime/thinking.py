@@ -1,0 +1,147 @@
+"""A thinking model's reasoning while one reply is generated (issue 32): how the reply begins,
+the budget of thinking tokens, and the answer-only constraints.
+
+For one prompt, a `ThinkingPlan` says how the reply begins (inside the block the generation
+prompt opened, after a block the prompt closed, or free to open one) and how many tokens of
+thinking it may have (--reasoning-budget, `reasoning_budget`). Every generation of that prompt
+(each choice of a request) follows its own text with a `ThinkingTrack`; `Generation`
+(runtime/generation.py) uses it to hold a grammar and stop strings back while the model thinks,
+so that they constrain the answer alone, and the session or the scheduler to close the block
+when the budget is spent.
+
+The markers come from the chat template (runtime/reasoning.py); a model without a convention
+has no plan, and generation is what it always was.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer.runtime.reasoning import ReasoningFormat, ReasoningSplitter
+
+START_RULE = "infer-reasoning-start"  # the grammar's root while a reply may open the block
+
+
+@dataclass(frozen=True)
+class ThinkingRequest:
+    """What a request asks of a thinking model (runtime/request_params.py's "prompt" group):
+    a thinking level (`think`: on, off, low, medium, high; None: the template's default), more
+    chat template variables (`variables`: --chat-template-kwargs, which win), at most `budget`
+    tokens of thinking (None or -1: no limit), and whether the reasoning is returned apart from
+    the answer (`separate`; a server's `reasoning_format: none` keeps it in the text)."""
+
+    think: str | None = None
+    variables: Mapping[str, Any] = field(default_factory=dict)
+    budget: int | None = None
+    separate: bool = True
+
+
+@dataclass(frozen=True)
+class ThinkingPrompt:
+    """A chat prompt rendered for a `ThinkingRequest`: the rendering (`prompt`), the tokens to
+    generate from (a budget of 0 may close the block in them), the thinking plan (None: the
+    template has no reasoning convention), the template's variables, and what could not apply."""
+
+    prompt: Any  # runtime/prompt.Prompt
+    tokens: list[int]
+    plan: ThinkingPlan | None
+    variables: dict[str, Any]
+    notes: tuple[str, ...]
+    separate: bool = True
+
+    def splitter(self) -> ReasoningSplitter | None:
+        """A splitter for the reply, where its reasoning is returned apart; else None."""
+        return self.plan.splitter() if self.plan is not None and self.separate else None
+
+
+@dataclass(frozen=True)
+class ThinkingPlan:
+    """How a prompt's reply begins and how long it may think."""
+
+    fmt: ReasoningFormat
+    opened: bool | None  # True: inside the block; False: after a block the prompt closed; None: free
+    limit: int | None = None  # tokens of thinking at most (None: no limit)
+    close_tokens: tuple[int, ...] = ()  # the closing marker's tokens, written when the budget is spent
+
+    def splitter(self) -> ReasoningSplitter:
+        """A splitter for a reply to this prompt (the reasoning apart from the answer)."""
+        return ReasoningSplitter(self.fmt, inside=self.opened is True, closed=self.opened is False)
+
+    def track(self) -> ThinkingTrack:
+        return ThinkingTrack(self)
+
+    def start_grammar(self, grammar: str) -> tuple[str, str] | None:
+        """The grammar (text, root rule) a reply free to open the block starts under: its opening
+        marker or an answer that follows `grammar`. None where there is no marker to open with."""
+        if not self.fmt.open:
+            return None
+        return f"{grammar}\n{START_RULE} ::= {json.dumps(self.fmt.open)} | root\n", START_RULE
+
+
+class ThinkingTrack:
+    """One reply's text as it is taken: where it is (the splitter's state: "start", "thinking",
+    "after" the closing marker, "answer") and whether its budget is spent."""
+
+    def __init__(self, plan: ThinkingPlan) -> None:
+        self.plan = plan
+        self.split = plan.splitter()
+        self.spent = False
+
+    @property
+    def state(self) -> str:
+        return self.split.state
+
+    @property
+    def thinking(self) -> bool:
+        return self.split.state == "thinking"
+
+    def feed(self, text: str) -> None:
+        self.split.feed(text)
+
+    def due(self, generated: int) -> bool:
+        """Whether to close the block now, `generated` tokens into the reply (once)."""
+        limit = self.plan.limit
+        if limit is None or self.spent or not self.thinking or generated < limit:
+            return False
+        self.spent = True
+        return True
+
+
+def plan_thinking(model: Any, prompt_text: str, tokens: Sequence[int], *, template: str | None = None,
+                  budget: int | None = None) -> tuple[list[int], ThinkingPlan | None, str | None]:
+    """A chat prompt's thinking plan (None: the template has no reasoning convention), its
+    tokens (a budget of 0 closes a block the prompt opened, in the prompt itself), and a line
+    on what could not apply (for -v), or None. `budget`: tokens of thinking at most (None or
+    -1: no limit)."""
+    from infer.runtime.prompt import reasoning_format
+
+    fmt = reasoning_format(model, template)
+    limit = None if budget is None or budget < 0 else budget
+    if fmt is None:
+        note = None if limit is None else "the chat template has no reasoning convention: the reasoning " \
+                                          "budget is not applied"
+        return list(tokens), None, note
+    opened = fmt.starts_open_with(prompt_text)
+    closer = tuple(model.tokenize(fmt.close, add_special=False, parse_special=True))
+    if limit == 0 and opened is True:
+        return [*tokens, *closer], ThinkingPlan(fmt, False), None
+    return list(tokens), ThinkingPlan(fmt, opened, limit, closer), None
+
+
+def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, template: str | None = None,
+                    request: ThinkingRequest | None = None) -> ThinkingPrompt:
+    """Render `messages` (with the template's thinking switches as `request` asks) and plan
+    the reply's thinking: what `infer run`, `infer chat`, `infer batch` and the server share."""
+    from infer.runtime.prompt import chat_prompt, template_variables
+
+    request = request or ThinkingRequest()
+    variables, note = template_variables(model, template=template, think=request.think,
+                                         extra=request.variables)
+    prompt = chat_prompt(model, messages, template=template, variables=variables)
+    tokens, plan, budget_note = plan_thinking(model, prompt.text, prompt.tokens, template=template,
+                                              budget=request.budget)
+    notes = tuple(n for n in (note, budget_note) if n is not None)
+    return ThinkingPrompt(prompt, tokens, plan, variables, notes, request.separate)
