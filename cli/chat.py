@@ -26,6 +26,7 @@ from infer.cli.flags import (
     resolve,
     sampling_overrides,
     spec_params,
+    thinking_request,
 )
 from infer.cli.placement import explain
 
@@ -45,6 +46,8 @@ from infer.cli.placement import explain
         rich_help_panel=o.OUTPUT)], False),
     o.NO_CACHE,
     o.SERVER,
+    o.CHAT_TEMPLATE_FILE,
+    *o.thinking_options(),
 )
 def chat(ctx: typer.Context, **flags: Any) -> None:
     """Chat with a model; each turn prefills only the new message."""
@@ -62,6 +65,7 @@ def _chat(flags: Mapping[str, Any]) -> None:
         _chat_through(flags, where, overrides)
         return
     SamplingParams.resolve({}, overrides)  # bad values fail before the model loads
+    thinking_request(flags)
     context_params(flags)
     spec_params(flags)
     if flags["explain"]:

@@ -17,7 +17,8 @@ HELP = """commands:
   /exit, /bye        leave (Ctrl-D too)
   /clear             new conversation, same system prompt
   /system TEXT       set the system prompt
-  /set PARAM VALUE   change a sampling parameter (ctx too); /set alone lists them
+  /set PARAM VALUE   change a sampling parameter (ctx, think, reasoning-budget too); /set alone lists them
+  /think LEVEL       a thinking model: on, off, low, medium, high, or default (the template's)
   /undo              remove the last exchange
   /retry             generate the last reply again
   /stats             tokens, cached tokens, last turn's speed and time to first token
@@ -37,6 +38,8 @@ class BaseChat:
     conversation: Any
     params: Any
     reply: Callable[[], Any]  # a writer for the next reply
+    thoughts: Callable[[], Any]  # a display for the next reply's reasoning (cli/thinking_display.py)
+    prompt_settings: dict[str, Any]  # think, chat_template_kwargs, reasoning_budget, as their flags
     last: Any  # the last turn's Completion (None before the first)
 
     def __enter__(self) -> BaseChat:
@@ -77,6 +80,8 @@ class BaseChat:
                 note("system prompt set" if arg else "system prompt removed")
             elif name == "/set":
                 self._set(arg)
+            elif name == "/think":
+                self._think(arg)
             elif name == "/undo":
                 note("removed the last exchange" if self.conversation.undo() else "nothing to undo")
             elif name == "/retry":
@@ -98,6 +103,27 @@ class BaseChat:
         except InferError as e:
             note(f"error: {e}")
         return True
+
+    def _think(self, arg: str) -> None:
+        if not arg:
+            say(f"think = {self.prompt_settings.get('think') or 'default (the template’s)'}")
+            return
+        self.set_prompt({"think": None if arg.lower() == "default" else arg})
+
+    def set_prompt(self, setting: dict[str, Any]) -> None:
+        """A thinking setting (/think, /set think, /set reasoning-budget), checked as its flag is."""
+        from infer.cli.flags import thinking_request
+
+        settings = {**self.prompt_settings, **setting}
+        request = thinking_request(settings)
+        self.prompt_settings = settings
+        self._apply_thinking(request)
+        (key,) = setting
+        note(f"{key} = {settings[key]!r}")
+
+    def _apply_thinking(self, request: Any) -> None:
+        """Use these thinking settings (a runtime.thinking.ThinkingRequest) from the next turn."""
+        raise NotImplementedError
 
     def _tokens(self) -> None:
         raise NotImplementedError
@@ -136,20 +162,26 @@ class BaseChat:
 
     def _stream(self, events: Iterator[Any]) -> None:
         from infer.runtime.messages import Dropped
-        from infer.runtime.results import Completion, Piece
+        from infer.runtime.results import Completion, Piece, Thought
 
         reply = None
+        thoughts = self.thoughts()
         try:
             with keys_held():
                 for event in events:
-                    if isinstance(event, Piece):
-                        reply = reply or self.reply()
+                    if isinstance(event, Thought):
+                        thoughts.write(event.text)
+                    elif isinstance(event, Piece):
+                        if reply is None:
+                            thoughts.end()
+                            reply = self.reply()
                         reply.write(event.text)
                     elif isinstance(event, Dropped):
                         note(f"context full: dropped the {event.exchanges} oldest exchange(s)")
                     elif isinstance(event, Completion):
                         self.last = event
         except KeyboardInterrupt:
+            thoughts.end()
             if not sys.stdin.isatty():
                 raise
             if reply:
@@ -157,5 +189,6 @@ class BaseChat:
                 reply = None
             note("(stopped)")
         finally:
+            thoughts.end()
             if reply:
                 reply.close()

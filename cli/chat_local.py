@@ -10,10 +10,11 @@ from typing import Any
 from infer.cli.chat_commands import BaseChat
 from infer.cli.chat_files import params_dict, read_session, saved_params, write_session
 from infer.cli.chat_output import note, say
-from infer.cli.chat_settings import list_settings, parse_setting
-from infer.cli.flags import context_params, load_plan, resolve
+from infer.cli.chat_settings import PROMPT_SETTINGS, list_settings, parse_setting
+from infer.cli.flags import context_params, load_plan, read_text_file, resolve, thinking_request
 from infer.cli.placement import report
 from infer.cli.render import reply_writer
+from infer.cli.thinking_display import thinking_display
 
 
 def open_chat(flags: Mapping[str, Any], overrides: dict[str, Any]) -> ChatState:
@@ -74,6 +75,12 @@ class ChatState(BaseChat):
 
         self.cache = None if flags["no_cache"] else open_cache()
         self.flags = flags
+        self.template = None  # --chat-template-file's, else the model's own
+        if flags.get("chat_template_file") is not None:
+            self.template = read_text_file(flags["chat_template_file"], "chat template file")
+        self.prompt_settings = {name: flags.get(name) for name in PROMPT_SETTINGS}
+        self.thinking = thinking_request(self.prompt_settings)
+        self.thoughts = partial(thinking_display, flags)
         self.conversation = self._conversation(loaded, system)
         self.loaded = loaded
         self.overrides = overrides  # what the user set (flags, /set, /load): kept across /model
@@ -85,8 +92,14 @@ class ChatState(BaseChat):
         """A new conversation on `loaded`'s session, with the chat's policy and prompt cache."""
         from infer.runtime.conversation import Conversation
 
-        return Conversation(loaded.session, system=system, context_policy=self.flags["context_policy"],
-                            prompt_cache=self.cache, cache_name=loaded.reference)
+        conversation = Conversation(loaded.session, system=system, template=self.template,
+                                    context_policy=self.flags["context_policy"], prompt_cache=self.cache,
+                                    cache_name=loaded.reference)
+        conversation.thinking = self.thinking
+        return conversation
+
+    def _apply_thinking(self, request: Any) -> None:
+        self.thinking = self.conversation.thinking = request
 
     def __exit__(self, *exc: object) -> None:
         if self.cache is not None:
@@ -173,9 +186,12 @@ class ChatState(BaseChat):
 
     def _set(self, arg: str) -> None:
         if not arg:
-            say(list_settings(self.params, self.conversation.session.n_ctx))
+            say(list_settings(self.params, self.conversation.session.n_ctx, self.prompt_settings))
             return
         setting = parse_setting(arg)
+        if setting.keys() <= set(PROMPT_SETTINGS):
+            self.set_prompt(setting)
+            return
         if "ctx" in setting:
             self.switch(self.loaded.reference, ctx_size=setting["ctx"])
             note(f"ctx = {self.conversation.session.n_ctx}; the next turn reads the conversation again")

@@ -21,8 +21,10 @@ from infer.cli import remote
 from infer.cli.chat_commands import BaseChat
 from infer.cli.chat_files import read_session, saved_params, write_session
 from infer.cli.chat_output import note, say
-from infer.cli.chat_settings import list_overrides, parse_setting
+from infer.cli.chat_settings import PROMPT_SETTINGS, list_overrides, parse_setting
+from infer.cli.flags import thinking_request
 from infer.cli.render import reply_writer
+from infer.cli.thinking_display import thinking_display
 from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, UsageError
 from infer.runtime.messages import Dropped, Messages, check_context_policy
 
@@ -94,9 +96,16 @@ class RemoteChat(BaseChat):
         self.conversation: Any = RemoteConversation(where, model, system=system,
                                                     context_policy=flags["context_policy"])
         self.overrides = overrides
-        self.params: Any = remote.request_fields(overrides)
+        self.prompt_settings = {name: flags.get(name) for name in PROMPT_SETTINGS}
+        self.thinking: dict[str, Any] = {}  # the request's fields for them (remote.thinking_fields)
+        self._apply_thinking(thinking_request(self.prompt_settings))
         self.reply = partial(reply_writer, flags["plain"])
+        self.thoughts = partial(thinking_display, flags)
         self.last: Any = None
+
+    def _apply_thinking(self, request: Any) -> None:
+        self.thinking = remote.thinking_fields(request.think, request.variables, request.budget)
+        self.params = {**remote.request_fields(self.overrides), **self.thinking}
 
     def handle(self, text: str) -> bool:
         """As BaseChat's, but a first turn that cannot reach the server or finds no such model
@@ -155,7 +164,7 @@ class RemoteChat(BaseChat):
                 overrides[key] = value
         self.conversation.messages = list(meta["messages"])
         self.overrides = overrides
-        self.params = remote.request_fields(overrides)
+        self.params = {**remote.request_fields(overrides), **self.thinking}
         note(f"loaded session {name!r}")
 
     def _set(self, arg: str) -> None:
@@ -164,8 +173,12 @@ class RemoteChat(BaseChat):
             return
         setting = parse_setting(arg, hint="",
                                 no_ctx="ctx belongs where the model is loaded: give -c to `infer serve`")
+        if setting.keys() <= set(PROMPT_SETTINGS):
+            self.set_prompt(setting)
+            return
         overrides = {**self.overrides, **setting}
-        self.params = remote.request_fields(overrides)  # (a setting the server cannot take fails here)
+        # (a setting the server cannot take fails here)
+        self.params = {**remote.request_fields(overrides), **self.thinking}
         self.overrides = overrides
         (key,) = setting
         note(f"{key} = {overrides[key]!r}")

@@ -7,7 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from infer.runtime.errors import UsageError
-from infer.runtime.request_params import SAMPLING, set_value
+from infer.runtime.request_params import PARAMS, SAMPLING, set_value
+
+# What /set changes: the sampling parameters, and how the chat prompt is rendered (think,
+# chat-template-kwargs, reasoning-budget: checked as their flags are, cli/flags.thinking_request).
+_SETTABLE = {name: p for name, p in PARAMS.items() if p.group in ("sampling", "prompt")}
+PROMPT_SETTINGS = tuple(name for name, p in PARAMS.items() if p.group == "prompt")
 
 # The context size's names; a request parameter is also named by its long flags ("temp",
 # "max-tokens", "mirostat-lr"), from runtime/request_params.py's table.
@@ -18,7 +23,7 @@ _LIST_HINT = " (/set alone lists them)"
 def _field(key: str) -> str:
     if key in _CTX_NAMES:
         return "ctx"
-    for p in SAMPLING.values():
+    for p in _SETTABLE.values():
         if key in (f.lstrip("-") for f in p.flags if f.startswith("--")):
             return p.field
     return key.replace("-", "_")
@@ -36,14 +41,16 @@ def parse_setting(arg: str, *, hint: str = _LIST_HINT, no_ctx: str | None = None
         if no_ctx is not None:
             raise UsageError(no_ctx)
         return {key: _parse(key, "int", lambda: int(value), value)}
-    if key not in SAMPLING:
+    if key not in _SETTABLE:
         raise UsageError(f"unknown parameter {key!r}{hint}")
-    return {key: _parse(key, SAMPLING[key].kind, lambda: set_value(SAMPLING[key], value), value)}
+    return {key: _parse(key, _SETTABLE[key].kind, lambda: set_value(_SETTABLE[key], value), value)}
 
 
-def list_settings(params: Any, n_ctx: int) -> str:
-    """`/set` alone with the model loaded here: every sampling parameter, then the context size."""
-    return "\n".join([f"{n} = {getattr(params, n)!r}" for n in param_names()] + [f"ctx = {n_ctx}"])
+def list_settings(params: Any, n_ctx: int, prompt: Mapping[str, Any]) -> str:
+    """`/set` alone with the model loaded here: every sampling parameter, the thinking
+    settings (`prompt`), then the context size."""
+    return "\n".join([f"{n} = {getattr(params, n)!r}" for n in param_names()]
+                     + [f"{n} = {prompt.get(n)!r}" for n in PROMPT_SETTINGS] + [f"ctx = {n_ctx}"])
 
 
 def list_overrides(overrides: Mapping[str, Any]) -> str:

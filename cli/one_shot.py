@@ -128,10 +128,10 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
 
         params = SamplingParams.resolve(sampling_defaults(session.model, resolved), overrides)
         tokens = rendered.tokens if plan is not None else prompt.tokens
-        reply = _Reply(stream=not flags["json_output"], split=plan and plan.splitter(),
-                       thinking=_thinking_shown(flags))
+        reply = _reply(flags)
         completion = _generate_cached(session, tokens, params, cache, name=resolved.reference,
-                                      preamble=preamble, continuing=continuing, reply=reply, thinking=plan)
+                                      preamble=preamble, continuing=continuing, reply=reply, thinking=plan,
+                                      split=plan and plan.splitter())
     resolved.record_use()
     _report(flags, resolved.reference, completion, record)
 
@@ -193,7 +193,7 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
         path, body = "/v1/chat/completions", {"messages": record.messages}
         fields.update(remote.thinking_fields(*prompt_settings(flags), reasoning_budget(flags)))
     body.update(model=model, stream=True, stream_options={"include_usage": True}, **fields)
-    reply = _Reply(stream=not flags["json_output"], split=None, thinking=_thinking_shown(flags))
+    reply = _reply(flags)
     try:  # (Ctrl-C closes the connection: the server stops the request)
         completion = remote.generate(where, path, body, on_text=reply.piece, on_thought=reply.reasoning)
     finally:
@@ -202,7 +202,7 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
 
 
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
-                     continuing: bool, reply: _Reply, thinking: Any = None) -> Any:
+                     continuing: bool, reply: _Reply, thinking: Any = None, split: Any = None) -> Any:
     """Generate through the prompt cache (None: without it).
 
     The cached state sharing the longest prefix is loaded first; states are saved
@@ -212,11 +212,11 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
 
     requested = time.perf_counter()  # time to first token counts the loading of a cached state
     if cache is None:
-        return _generate(session, tokens, params, reply, started=requested, thinking=thinking)
+        return _generate(session, tokens, params, reply, started=requested, thinking=thinking, split=split)
     session.check_fits(len(tokens), params.max_tokens)
     # A continued conversation's own state is worth loading however short it is.
     cache.restore(session, tokens, min_tokens=1 if continuing else None)
-    completion = _generate(session, tokens, params, reply, started=requested, thinking=thinking,
+    completion = _generate(session, tokens, params, reply, started=requested, thinking=thinking, split=split,
                            checkpoints=(preamble,) if preamble >= cache.min_tokens else (),
                            on_checkpoint=lambda n: cache.store(session, name, wait=False))
     # The end of the conversation: for --continue, and for the same prompt again.
@@ -225,80 +225,58 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
     return completion
 
 
-def _generate(session: Any, tokens: list[int], params: Any, reply: _Reply, **options: Any) -> Any:
-    """The reply shown as it streams (`reply`); the Completion. `options` go to generate."""
-    from infer.runtime.session import Completion, Piece
+def _generate(session: Any, tokens: list[int], params: Any, reply: _Reply, *, split: Any = None,
+              **options: Any) -> Any:
+    """The reply shown as it streams (`reply`), a thinking model's reasoning apart (`split`:
+    its splitter); the Completion. `options` go to generate."""
+    from infer.runtime.results import Completion, Piece, Thought
+    from infer.runtime.thinking import split_events
 
     try:
-        for event in session.generate(tokens, params, **options):
+        events = session.generate(tokens, params, **options)
+        for event in split_events(events, split, session.model.token_bytes):
             if isinstance(event, Piece):
                 reply.piece(event.text)
+            elif isinstance(event, Thought):
+                reply.reasoning(event.text)
             elif isinstance(event, Completion):
                 completion = event
-    except KeyboardInterrupt:
+    finally:  # (also on Ctrl-C: the line ended)
         reply.end()
-        raise
-    reply.end()
-    return reply.split_off(completion, session.model)
+    return completion
 
 
-def _thinking_shown(flags: Mapping[str, Any]) -> bool:
-    """The reasoning on stderr: on a terminal unless --hide-thinking; elsewhere with --show-thinking."""
-    if flags["hide_thinking"]:
-        return False
-    return bool(flags["show_thinking"]) or sys.stderr.isatty()
+def _reply(flags: Mapping[str, Any]) -> _Reply:
+    """The answer to stdout (not with --json); the reasoning as --show-thinking and
+    --hide-thinking say."""
+    from infer.cli.thinking_display import thinking_display
+
+    json_output = flags["json_output"]
+    return _Reply(stream=not json_output, display=thinking_display(flags, hidden=json_output))
 
 
 class _Reply:
     """Where a reply's text goes as it streams: the answer to stdout (unless `stream` is off,
-    for --json); a thinking model's reasoning (`split`) apart, on stderr when `thinking` is
-    shown (dimmed on a terminal)."""
+    for --json); a thinking model's reasoning to its `display` (cli/thinking_display.py)."""
 
-    def __init__(self, *, stream: bool, split: Any, thinking: bool) -> None:
-        self.stream, self.split, self.thinking = stream, split, thinking and stream
-        self.last = self.thought = ""  # the last answer and reasoning text written
+    def __init__(self, *, stream: bool, display: Any) -> None:
+        self.stream, self.display = stream, display
+        self.last = ""  # the last answer text written
 
     def piece(self, text: str) -> None:
-        reasoning, answer = self.split.feed(text) if self.split is not None else ("", text)
-        self._show(reasoning, answer)
+        if self.stream:
+            if not self.last:
+                self.display.end()
+            _write(text)
+            self.last = text
 
     def reasoning(self, text: str) -> None:
-        """Reasoning already apart from the answer (a server's reasoning_content)."""
-        self._show(text, "")
+        self.display.write(text)
 
     def end(self) -> None:
-        if self.split is not None:
-            self._show(*self.split.finish())
-        if self.thought and not self.thought.endswith("\n"):
-            self._think("\n")
+        self.display.end()
         if self.stream and self.last and not self.last.endswith("\n"):
             _write("\n")
-
-    def _show(self, reasoning: str, answer: str) -> None:
-        if reasoning and self.thinking:
-            self._think(reasoning)
-        if answer and self.stream:
-            if self.thought and not self.thought.endswith("\n"):
-                self._think("\n")
-            _write(answer)
-            self.last = answer
-
-    def _think(self, text: str) -> None:
-        dim = sys.stderr.isatty()
-        sys.stderr.write(f"\x1b[2m{text}\x1b[0m" if dim else text)
-        sys.stderr.flush()
-        self.thought = text
-
-    def split_off(self, completion: Any, model: Any) -> Any:
-        """The completion with its text the answer alone and the reasoning apart."""
-        if self.split is None:
-            return completion
-        from infer.runtime.reasoning import reasoning_tokens
-
-        completion.reasoning_tokens = reasoning_tokens(model.token_bytes, completion.tokens, completion.text,
-                                                       self.split.answer_from) if self.split.reasoning else 0
-        completion.text, completion.reasoning = self.split.answer, self.split.reasoning
-        return completion
 
 
 def _write(text: str) -> None:

@@ -72,6 +72,9 @@ Rpc = Annotated[str | None, typer.Option(
 # run and chat: the KV states of long prompts kept in INFER_HOME/cache/prompts.
 NO_CACHE = ("no_cache", Annotated[bool, typer.Option(
     "--no-cache", help="Do not use or fill the prompt cache on disk (infer cache list).")], False)
+# run and chat: the model's chat template replaced.
+CHAT_TEMPLATE_FILE = ("chat_template_file", Annotated[Path | None, typer.Option(
+    "--chat-template-file", help="A Jinja chat template to use instead of the model's.")], None)
 # run and batch: send the work to a running `infer serve` instead of loading the model.
 SERVER = ("server", Annotated[str | None, typer.Option(
     "--server", help="Send the request to this running `infer serve` (http://HOST:PORT or unix:PATH) instead "
@@ -172,3 +175,15 @@ def prompt_options() -> tuple[tuple[str, Any, Any], ...]:
         *p.flags, help=p.help, rich_help_panel=THINKING, show_default=False,
         metavar="|".join(p.choices) if p.choices else "N" if p.kind == "int" else "JSON")], None)
         for p in PARAMS.values() if p.group == "prompt")
+
+
+def thinking_options() -> tuple[tuple[str, Any, Any], ...]:
+    """The thinking options of the commands that show a reply (run, chat): the prompt's
+    (--think...) and where the reasoning is shown (cli/thinking_display.py)."""
+    return (*prompt_options(),
+            ("show_thinking", Annotated[bool, typer.Option(
+                "--show-thinking", help="Keep a thinking model's reasoning on screen (stderr), also when "
+                "it is not a terminal.", rich_help_panel=THINKING)], False),
+            ("hide_thinking", Annotated[bool, typer.Option(
+                "--hide-thinking", help="No reasoning on stderr, also on a terminal (--json still has it).",
+                rich_help_panel=THINKING)], False))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -21,8 +20,7 @@ from infer.cli.errors import shielded
     ("system", Annotated[str | None, typer.Option("-s", "--system", help="System prompt.")], None),
     ("raw", Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")],
      False),
-    ("chat_template_file", Annotated[Path | None, typer.Option(
-        "--chat-template-file", help="A Jinja chat template to use instead of the model's.")], None),
+    o.CHAT_TEMPLATE_FILE,
     ("show_prompt", Annotated[bool, typer.Option(
         "--show-prompt", help="Print the rendered prompt and exit.")], False),
     ("continue_last", Annotated[bool, typer.Option(
@@ -35,13 +33,7 @@ from infer.cli.errors import shielded
         "--json", help="One JSON object with text, usage and timings.", rich_help_panel=o.OUTPUT)],
      False),
     o.SERVER,
-    *o.prompt_options(),
-    ("show_thinking", Annotated[bool, typer.Option(
-        "--show-thinking", help="A thinking model's reasoning on stderr also when it is not a terminal.",
-        rich_help_panel=o.THINKING)], False),
-    ("hide_thinking", Annotated[bool, typer.Option(
-        "--hide-thinking", help="No reasoning on stderr, also on a terminal (--json still has it).",
-        rich_help_panel=o.THINKING)], False),
+    *o.thinking_options(),
 )
 def run(ctx: typer.Context, **flags: Any) -> None:
     """Generate a reply to PROMPT and stream it to stdout."""

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from infer.runtime.errors import ContextOverflowError, UsageError
 from infer.runtime.messages import CONTEXT_POLICIES, Dropped, Messages, check_context_policy
-from infer.runtime.prompt import chat_prompt, preamble_len
+from infer.runtime.prompt import preamble_len
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Completion, Piece, Session, common_prefix_len
+from infer.runtime.thinking import ThinkingPrompt, ThinkingRequest, split_events, thinking_prompt
 
 if TYPE_CHECKING:
     from infer.runtime.prompt_cache import PromptCache
@@ -44,23 +45,26 @@ class Conversation(Messages):
         self.context_policy = check_context_policy(context_policy)
         self.prompt_cache = prompt_cache
         self.cache_name = cache_name  # the model's name in `infer cache list`
+        self.thinking = ThinkingRequest()  # a thinking model's settings (/think, /set reasoning-budget)
         super().__init__(system)
 
     def tokens(self, messages: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt tokens of `messages` (default: the conversation) with the reply opened."""
-        prompt = chat_prompt(self.session.model, messages if messages is not None else self.messages,
-                             template=self.template)
-        return prompt.tokens
+        return self._render(messages if messages is not None else self.messages).tokens
+
+    def _render(self, messages: list[dict[str, Any]]) -> ThinkingPrompt:
+        """The prompt of `messages`, with a thinking model's settings and plan (self.thinking)."""
+        return thinking_prompt(self.session.model, messages, template=self.template, request=self.thinking)
 
     def send(self, text: str, params: SamplingParams) -> Iterator[Piece | Completion | Dropped]:
         """Add a user message and generate the reply, streaming events."""
         self.messages.append({"role": "user", "content": text})
         try:
-            tokens, dropped = self._fit(params)
+            rendered, dropped = self._fit(params)
         except ContextOverflowError:
             self.messages.pop()  # the message that does not fit is not kept
             raise
-        yield from self._reply(params, tokens, dropped)
+        yield from self._reply(params, rendered, dropped)
 
     def retry(self, params: SamplingParams) -> Iterator[Piece | Completion | Dropped]:
         """Generate the last reply again (the KV cache is cut back to before it)."""
@@ -68,29 +72,33 @@ class Conversation(Messages):
         if last_user is None:
             raise UsageError("nothing to retry yet")
         del self.messages[last_user + 1:]
-        tokens, dropped = self._fit(params)
-        yield from self._reply(params, tokens, dropped)
+        rendered, dropped = self._fit(params)
+        yield from self._reply(params, rendered, dropped)
 
-    def _reply(self, params: SamplingParams, tokens: list[int],
+    def _reply(self, params: SamplingParams, rendered: ThinkingPrompt,
                dropped: int) -> Iterator[Piece | Completion | Dropped]:
+        """The reply's events (a thinking model's reasoning as `Thought`s), recorded."""
         if dropped:
             yield Dropped(dropped)
-        yield from self.recorded(self.session.generate(tokens, params, **self._through_cache(tokens)))
+        tokens = rendered.tokens
+        events = self.session.generate(tokens, params, thinking=rendered.plan,
+                                       **self._through_cache(tokens, rendered.variables))
+        yield from self.recorded(split_events(events, rendered.splitter(), self.session.model.token_bytes))
 
-    def _fit(self, params: SamplingParams) -> tuple[list[int], int]:
+    def _fit(self, params: SamplingParams) -> tuple[ThinkingPrompt, int]:
         """The next prompt's tokens, dropping the oldest exchanges if the policy allows."""
         room = params.max_tokens if params.max_tokens is not None else DEFAULT_REPLY_ROOM
         n_ctx = self.session.n_ctx
         dropped = 0
         while True:
-            tokens = self.tokens()
-            if len(tokens) + room <= n_ctx:
-                return tokens, dropped
+            rendered = self._render(self.messages)
+            if len(rendered.tokens) + room <= n_ctx:
+                return rendered, dropped
             if self.context_policy == "error" or not self.drop_oldest():
-                raise ContextOverflowError(prompt_tokens=len(tokens), max_tokens=room, n_ctx=n_ctx)
+                raise ContextOverflowError(prompt_tokens=len(rendered.tokens), max_tokens=room, n_ctx=n_ctx)
             dropped += 1
 
-    def _through_cache(self, tokens: list[int]) -> dict[str, Any]:
+    def _through_cache(self, tokens: list[int], variables: dict[str, Any]) -> dict[str, Any]:
         """Options for Session.generate with the prompt cache: load the best saved state if
         the session holds too little of `tokens`, and save one where the last message
         begins (after the system prompt) when this turn prefills that far."""
@@ -101,7 +109,8 @@ class Conversation(Messages):
             return {}  # a later turn: the session holds the conversation so far
         started = time.perf_counter()  # loading a state counts towards time to first token
         held = cache.restore(self.session, tokens)
-        preamble = preamble_len(self.session.model, self.messages, tokens, template=self.template)
+        preamble = preamble_len(self.session.model, self.messages, tokens, template=self.template,
+                                variables=variables)
         if preamble < cache.min_tokens or held >= preamble:
             return {"started": started}
         return {"started": started, "checkpoints": (preamble,),

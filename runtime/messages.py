@@ -78,8 +78,9 @@ class Messages:
             for event in events:
                 if isinstance(event, Piece):
                     said.append(event.text)
-                elif isinstance(event, Completion):
-                    self.messages.append({"role": "assistant", "content": event.text})
+                elif isinstance(event, Completion):  # (a thinking model's reasoning: for the template)
+                    reasoning = {"reasoning_content": event.reasoning} if event.reasoning else {}
+                    self.messages.append({"role": "assistant", "content": event.text, **reasoning})
                     completed = True
                 yield event
         finally:

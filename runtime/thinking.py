@@ -16,7 +16,7 @@ has no plan, and generation is what it always was.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +138,9 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
     from infer.runtime.prompt import chat_prompt, template_variables
 
     request = request or ThinkingRequest()
+    # An earlier reply's reasoning under the names templates read it by (most the first)
+    messages = [{**m, "thinking": m["reasoning_content"]}
+                if m.get("reasoning_content") and "thinking" not in m else m for m in messages]
     variables, note = template_variables(model, template=template, think=request.think,
                                          extra=request.variables)
     prompt = chat_prompt(model, messages, template=template, variables=variables)
@@ -145,3 +148,33 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
                                               budget=request.budget)
     notes = tuple(n for n in (note, budget_note) if n is not None)
     return ThinkingPrompt(prompt, tokens, plan, variables, notes, request.separate)
+
+
+def split_events(events: Iterable[Any], splitter: ReasoningSplitter | None,
+                 token_bytes: Callable[[int], bytes]) -> Iterator[Any]:
+    """A generation's events (Piece ..., Completion) with a thinking model's reasoning apart:
+    `Thought`s for the reasoning, `Piece`s for the answer, and the Completion's text the answer
+    alone, its reasoning and reasoning tokens set. Without a `splitter`, the events as they are."""
+    from infer.runtime.reasoning import reasoning_tokens
+    from infer.runtime.results import Completion, Piece, Thought
+
+    if splitter is None:
+        yield from events
+        return
+
+    def parts(reasoning: str, answer: str) -> Iterator[Any]:
+        if reasoning:
+            yield Thought(reasoning)
+        if answer:
+            yield Piece(answer)
+
+    for event in events:
+        if isinstance(event, Piece):
+            yield from parts(*splitter.feed(event.text))
+            continue
+        if isinstance(event, Completion):
+            yield from parts(*splitter.finish())
+            event.reasoning_tokens = reasoning_tokens(token_bytes, event.tokens, event.text,
+                                                      splitter.answer_from) if splitter.reasoning else 0
+            event.text, event.reasoning = splitter.answer, splitter.reasoning
+        yield event

@@ -316,8 +316,8 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
             raise invalid(f"{where}.role", f"{where}.role must be system, developer, user or assistant")
         message = {"role": role, "content": _content(m.get("content"), f"{where}.content")}
         reasoning = _history_reasoning(m, where) if role == "assistant" else None
-        if reasoning is not None:  # (the name templates read it by: most the first, some the second)
-            message["reasoning_content"] = message["thinking"] = reasoning
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         out.append(message)
     return tuple(out)
 

@@ -352,3 +352,70 @@ def test_the_server_takes_the_thinking_settings_as_infer_run_does(smollm2, tmp_p
         assert r.status_code == 400 and r.json()["error"]["param"] == "think"
     finally:
         assert server.stop() == 0
+
+
+def test_chat_keeps_the_reasoning_apart_and_takes_think_and_budget(smollm2, infer_home, tmp_path):
+    """`infer chat` shows the answer on stdout and the reasoning on stderr (--show-thinking), as
+    `infer run` does, keeps it in /save, and /think and /set reasoning-budget change the next
+    turn as the flags change a run; through a server the chat is the same."""
+    import json
+
+    from conftest import run_cli
+    from serve_helpers import Server
+
+    local = json.loads(run_cli("run", smollm2, "What is 2+2?", *THOUGHT, "--json").stdout)
+    flags = ["--reasoning-budget", "6", "--grammar", _forced("The answer is 4."), "--temp", "0", "-n", "40",
+             "--show-thinking", "--plain"]
+    said = run_cli("chat", smollm2, "--chat-template-file", R1, "--spec-type", "none", *flags,
+                   input="What is 2+2?\n/save thought\n")
+    assert said.returncode == 0, said.stderr
+    assert said.stdout == "The answer is 4.\n" and local["reasoning"].strip() in said.stderr
+    saved = json.loads((infer_home / "sessions" / "thought" / "session.json").read_text())
+    assert saved["messages"][-1] == {"role": "assistant", "content": "The answer is 4.",
+                                     "reasoning_content": local["reasoning"]}
+    server = Server(str(smollm2), "-np", "1", "--chat-template-file", str(R1), "--no-socket",
+                    "--spec-type", "none", home=tmp_path / "home")
+    try:
+        there = run_cli("chat", smollm2, "--server", server.url, *flags, input="What is 2+2?\n")
+        assert (there.stdout, there.returncode) == (said.stdout, 0)
+        assert local["reasoning"].strip() in there.stderr
+    finally:
+        assert server.stop() == 0
+    # /think off under Qwen 3's template: the next reply is the one `infer run --think off` gives
+    run_off, run_on = (json.loads(run_cli("run", smollm2, "Name a colour.", "--chat-template-file", QWEN3,
+                                          "--temp", "0", "-n", "8", *extra, "--json").stdout)
+                       for extra in (["--think", "off"], []))
+    turns = run_cli("chat", smollm2, "--chat-template-file", QWEN3, "--temp", "0", "-n", "8", "--plain",
+                    input="Name a colour.\n/clear\n/think off\nName a colour.\n")
+    assert turns.returncode == 0, turns.stderr
+    assert turns.stdout.splitlines() == [run_on["text"], run_off["text"]]
+    assert "think = 'off'" in turns.stderr
+
+
+def test_on_a_terminal_the_reasoning_folds_into_one_line_when_the_answer_begins(monkeypatch):
+    """The cursor goes back up exactly the rows the header and the reasoning took (a wrapped line
+    counts its rows), and "thought for N s" replaces them; --show-thinking keeps them."""
+    import io
+    import os
+
+    from infer.cli.thinking_display import thinking_display
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((10, 40)))
+    out = Terminal()
+    display = thinking_display({}, out=out)
+    display.write("\nfirst line\nsecond line is long\nend")  # rows: header, 1, 2, and "end"
+    display.end()
+    assert "\x1b[4F\x1b[J" in out.getvalue() and "thought for" in out.getvalue()
+    kept = Terminal()
+    display = thinking_display({"show_thinking": True}, out=kept)
+    display.write("reasoning")
+    display.end()
+    assert "\x1b[" not in kept.getvalue().replace("\x1b[2m", "").replace("\x1b[0m", "")
+    assert "reasoning" in kept.getvalue() and "thought for" not in kept.getvalue()
+    hidden = Terminal()
+    thinking_display({"hide_thinking": True}, out=hidden).write("reasoning")
+    assert hidden.getvalue() == ""
