@@ -24,9 +24,11 @@ from infer.cli.flags import (
     context_params,
     load_plan,
     log_to_stderr,
+    read_text_file,
     resolve,
     sampling_overrides,
     spec_params,
+    thinking_request,
 )
 from infer.cli.placement import explain, report
 from infer.cli.stdin import decode_stdin
@@ -58,6 +60,8 @@ if TYPE_CHECKING:
     ("resume", Annotated[bool, typer.Option(
         "--resume", help="Skip the lines whose results OUTPUT already holds; append the rest.")], False),
     o.SERVER,
+    o.CHAT_TEMPLATE_FILE,
+    *o.prompt_options(),
 )
 def batch(ctx: typer.Context, **flags: Any) -> int:
     """Run every prompt of INPUT, several at a time; one JSON result per line."""
@@ -74,6 +78,7 @@ def execute(flags: Mapping[str, Any]) -> int:
     if flags["resume"] and flags["output"] is None:
         raise UsageError("--resume needs -o/--output: the results of the earlier run")
     check_template(flags["template"])
+    _prompt_flags(flags)  # (checked before anything loads)
     if flags["template"] is not None and not flags["plain_lines"]:
         raise UsageError("--template wraps plain lines: use it with --lines")
     overrides = sampling_overrides(flags)
@@ -137,6 +142,8 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
     from infer.cli import remote
     from infer.cli.result_json import result_json
 
+    prompt_flags = _prompt_flags(flags)
+
     def run(todo: list[Item], out: IO[str]) -> int:
         writer = _Writer(out, todo, ordered=flags["ordered"], model=flags["model"], to_json=result_json)
         lock = threading.Lock()
@@ -152,9 +159,11 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
                 try:
                     if item.error is not None:
                         raise UsageError(item.error)
+                    thinking = thinking_request({**prompt_flags, **item.thinking})
                     body = {"model": flags["model"], "messages": item.messages, "stream": True,
                             "stream_options": {"include_usage": True},
-                            **remote.request_fields({**overrides, **item.settings})}
+                            **remote.request_fields({**overrides, **item.settings}),
+                            **remote.thinking_fields(thinking.think, thinking.variables, thinking.budget)}
                     completion = remote.generate(where, "/v1/chat/completions", body)
                 except UsageError as e:  # this line's mistake (the server said 400): the batch goes on
                     with lock:
@@ -190,13 +199,18 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     from infer.runtime.results import Usage
     from infer.runtime.scheduler import Scheduler
     from infer.runtime.session import common_prefix_len
+    from infer.runtime.thinking import split_completion
 
     opened = _plan(flags, resolved).open_model()
     cparams, parallel, defaults = opened.params, opened.parallel, opened.sampling_defaults
     with opened.model as model:
         if flags["verbose"]:
             report(opened.placed, model)
-        requests, errors = _requests(model, items, defaults, overrides)
+        template = None
+        if flags["chat_template_file"] is not None:
+            template = read_text_file(flags["chat_template_file"], "chat template file")
+        requests, errors, splits = _requests(model, items, defaults, overrides, _prompt_flags(flags),
+                                             template)
         prefix: list[int] = []
         if len(requests) > 1:
             prefix = requests[0].tokens
@@ -221,6 +235,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
                             usage = outcome.completion.usage
                             guessed.draft_tokens += usage.draft_tokens
                             guessed.accepted_tokens += usage.accepted_tokens
+                            split_completion(outcome.completion, splits.get(outcome.key), model.token_bytes)
                             writer.result(outcome.key, outcome.completion)
                             progress.advance(outcome.completion.usage.completion_tokens)
             finally:
@@ -234,26 +249,39 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     return writer.failed
 
 
-def _requests(model: Any, items: list[Item], defaults: dict[str, Any],
-              overrides: dict[str, Any]) -> tuple[list[Any], list[tuple[int, str]]]:
-    """Scheduler requests for the items that can run, and (index, error) for the others."""
-    from infer.runtime.prompt import chat_prompt
+def _prompt_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The batch's thinking flags (--think...), which a line's own settings override; checked."""
+    from infer.cli.batch_input import LINE_THINKING
+
+    given = {name: flags.get(name) for name in LINE_THINKING}
+    thinking_request(given)
+    return given
+
+
+def _requests(model: Any, items: list[Item], defaults: dict[str, Any], overrides: dict[str, Any],
+              prompt_flags: dict[str, Any],
+              template: str | None) -> tuple[list[Any], list[tuple[int, str]], dict[int, Any]]:
+    """Scheduler requests for the items that can run, (index, error) for the others, and a
+    thinking model's splitter for each request's reply (by index)."""
     from infer.runtime.request import Request
     from infer.runtime.sampling import SamplingParams
+    from infer.runtime.thinking import thinking_prompt
 
-    requests, errors = [], []
+    requests, errors, splits = [], [], {}
     for item in items:
         if item.error is not None:
             errors.append((item.index, item.error))
             continue
         try:
             params = SamplingParams.resolve(defaults, {**overrides, **item.settings})
-            tokens = chat_prompt(model, item.messages).tokens
+            rendered = thinking_prompt(model, item.messages, template=template,
+                                       request=thinking_request({**prompt_flags, **item.thinking}))
         except InferError as e:
             errors.append((item.index, str(e)))
             continue
-        requests.append(Request(item.index, tokens, params))
-    return requests, errors
+        requests.append(Request(item.index, rendered.tokens, params, thinking=rendered.plan))
+        splits[item.index] = rendered.splitter()
+    return requests, errors, splits
 
 
 class _Writer:

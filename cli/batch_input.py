@@ -2,7 +2,8 @@
 
 A JSON line is ``{"id": …, "prompt": "…"}`` or ``{"id": …, "messages": [...]}``,
 optionally with ``system``, ``max_tokens``, ``temperature``, ``seed``,
-``json_schema`` (an object or its JSON text) and ``stop`` (a string or a list).
+``json_schema`` (an object or its JSON text), ``stop`` (a string or a list), and a thinking
+model's ``think`` (true, false or a level), ``reasoning_budget`` and ``chat_template_kwargs``.
 With ``--lines`` each non-empty line is one prompt, wrapped by ``--template``
 ("Classify: {line}"). A line that cannot be read becomes an item with an error.
 """
@@ -19,6 +20,8 @@ from infer.runtime.errors import UsageError
 # Per-line settings and the SamplingParams field each one sets.
 LINE_SETTINGS = {"max_tokens": "max_tokens", "temperature": "temperature", "seed": "seed",
                  "json_schema": "json_schema", "stop": "stop"}
+# Per-line thinking settings, in their flags' form (cli/flags.thinking_request reads them).
+LINE_THINKING = ("think", "reasoning_budget", "chat_template_kwargs")
 
 
 @dataclass
@@ -27,6 +30,7 @@ class Item:
     id: Any
     messages: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    thinking: dict[str, Any] = field(default_factory=dict)  # LINE_THINKING's, as their flags give them
     error: str | None = None
 
 
@@ -82,6 +86,14 @@ def _json_item(index: int, number: int, line: str, system: str | None) -> Item:
             elif key == "stop":
                 value = (value,) if isinstance(value, str) else tuple(value)
             item.settings[name] = value
+    for key in LINE_THINKING:
+        value = data.get(key)
+        if isinstance(value, bool) and key == "think":  # (Ollama's true and false)
+            value = "on" if value else "off"
+        elif key == "chat_template_kwargs" and value is not None:
+            value = json.dumps(value)
+        if value is not None:
+            item.thinking[key] = value
     return item
 
 

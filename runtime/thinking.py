@@ -155,7 +155,6 @@ def split_events(events: Iterable[Any], splitter: ReasoningSplitter | None,
     """A generation's events (Piece ..., Completion) with a thinking model's reasoning apart:
     `Thought`s for the reasoning, `Piece`s for the answer, and the Completion's text the answer
     alone, its reasoning and reasoning tokens set. Without a `splitter`, the events as they are."""
-    from infer.runtime.reasoning import reasoning_tokens
     from infer.runtime.results import Completion, Piece, Thought
 
     if splitter is None:
@@ -174,7 +173,25 @@ def split_events(events: Iterable[Any], splitter: ReasoningSplitter | None,
             continue
         if isinstance(event, Completion):
             yield from parts(*splitter.finish())
-            event.reasoning_tokens = reasoning_tokens(token_bytes, event.tokens, event.text,
-                                                      splitter.answer_from) if splitter.reasoning else 0
-            event.text, event.reasoning = splitter.answer, splitter.reasoning
+            _settle(event, splitter, token_bytes)
         yield event
+
+
+def split_completion(completion: Any, splitter: ReasoningSplitter | None,
+                     token_bytes: Callable[[int], bytes]) -> Any:
+    """A whole Completion with its reasoning apart (see `split_events`)."""
+    if splitter is not None:
+        splitter.feed(completion.text)
+        splitter.finish()
+        _settle(completion, splitter, token_bytes)
+    return completion
+
+
+def _settle(completion: Any, splitter: ReasoningSplitter, token_bytes: Callable[[int], bytes]) -> None:
+    """Set a Completion's text to the answer alone and its reasoning (and reasoning tokens) apart,
+    from a splitter fed all of its text."""
+    from infer.runtime.reasoning import reasoning_tokens
+
+    completion.reasoning_tokens = reasoning_tokens(token_bytes, completion.tokens, completion.text,
+                                                   splitter.answer_from) if splitter.reasoning else 0
+    completion.text, completion.reasoning = splitter.answer, splitter.reasoning

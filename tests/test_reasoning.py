@@ -419,3 +419,41 @@ def test_on_a_terminal_the_reasoning_folds_into_one_line_when_the_answer_begins(
     hidden = Terminal()
     thinking_display({"hide_thinking": True}, out=hidden).write("reasoning")
     assert hidden.getvalue() == ""
+
+
+def test_batch_gives_each_line_its_reasoning_and_takes_think_and_budget_per_line(smollm2, tmp_path):
+    """Each result line has `reasoning` and usage.reasoning_tokens as `infer run --json` has them;
+    a line's own reasoning_budget (0: none) and think apply to it alone; a bad value fails that
+    line; through a server the lines are the same."""
+    import json
+
+    from conftest import run_cli
+    from serve_helpers import Server
+
+    local = json.loads(run_cli("run", smollm2, "What is 2+2?", *THOUGHT, "--json").stdout)
+    lines = [{"id": "a", "prompt": "What is 2+2?", "reasoning_budget": 6},
+             {"id": "b", "prompt": "What is 2+2?", "reasoning_budget": 0},
+             {"id": "c", "prompt": "What is 2+2?", "think": "maybe"}]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    flags = ["--grammar", _forced("The answer is 4."), "--temp", "0", "-n", "40"]
+
+    def results(r) -> dict:
+        assert r.returncode == 2, r.stderr  # (line c failed)
+        return {d["id"]: d for d in map(json.loads, r.stdout.splitlines())}
+
+    here = results(run_cli("batch", smollm2, source, "--chat-template-file", R1, "--spec-type", "none", *flags))
+    assert (here["a"]["text"], here["a"]["reasoning"]) == (local["text"], local["reasoning"])
+    assert here["a"]["usage"]["reasoning_tokens"] == local["usage"]["reasoning_tokens"]
+    assert (here["b"]["text"], here["b"]["reasoning"], here["b"]["usage"]["reasoning_tokens"]) == \
+        ("The answer is 4.", "", 0)
+    assert "think" in here["c"]["error"]
+    server = Server(str(smollm2), "-np", "2", "--chat-template-file", str(R1), "--no-socket",
+                    "--spec-type", "none", home=tmp_path / "home")
+    try:
+        there = results(run_cli("batch", smollm2, source, "--server", server.url, *flags))
+    finally:
+        assert server.stop() == 0
+    for key in ("a", "b"):
+        assert (there[key]["text"], there[key]["reasoning"]) == (here[key]["text"], here[key]["reasoning"])
+    assert "think" in there["c"]["error"]
