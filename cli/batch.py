@@ -209,7 +209,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
         template = None
         if flags["chat_template_file"] is not None:
             template = read_text_file(flags["chat_template_file"], "chat template file")
-        requests, errors, splits = _requests(model, items, defaults, overrides, _prompt_flags(flags),
+        requests, errors, plans = _requests(model, items, defaults, overrides, _prompt_flags(flags),
                                              template)
         prefix: list[int] = []
         if len(requests) > 1:
@@ -235,7 +235,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
                             usage = outcome.completion.usage
                             guessed.draft_tokens += usage.draft_tokens
                             guessed.accepted_tokens += usage.accepted_tokens
-                            split_completion(outcome.completion, splits.get(outcome.key), model.token_bytes)
+                            split_completion(outcome.completion, plans.get(outcome.key), model)
                             writer.result(outcome.key, outcome.completion)
                             progress.advance(outcome.completion.usage.completion_tokens)
             finally:
@@ -262,12 +262,12 @@ def _requests(model: Any, items: list[Item], defaults: dict[str, Any], overrides
               prompt_flags: dict[str, Any],
               template: str | None) -> tuple[list[Any], list[tuple[int, str]], dict[int, Any]]:
     """Scheduler requests for the items that can run, (index, error) for the others, and a
-    thinking model's splitter for each request's reply (by index)."""
+    thinking model's plan for each request's reply (by index)."""
     from infer.runtime.request import Request
     from infer.runtime.sampling import SamplingParams
     from infer.runtime.thinking import thinking_prompt
 
-    requests, errors, splits = [], [], {}
+    requests, errors, plans = [], [], {}
     for item in items:
         if item.error is not None:
             errors.append((item.index, item.error))
@@ -280,8 +280,8 @@ def _requests(model: Any, items: list[Item], defaults: dict[str, Any], overrides
             errors.append((item.index, str(e)))
             continue
         requests.append(Request(item.index, rendered.tokens, params, thinking=rendered.plan))
-        splits[item.index] = rendered.splitter()
-    return requests, errors, splits
+        plans[item.index] = rendered.plan
+    return requests, errors, plans
 
 
 class _Writer:

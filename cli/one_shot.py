@@ -131,7 +131,7 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
         reply = _reply(flags)
         completion = _generate_cached(session, tokens, params, cache, name=resolved.reference,
                                       preamble=preamble, continuing=continuing, reply=reply, thinking=plan,
-                                      split=plan and plan.splitter())
+                                      split=plan)
     resolved.record_use()
     _report(flags, resolved.reference, completion, record)
 
@@ -228,13 +228,13 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
 def _generate(session: Any, tokens: list[int], params: Any, reply: _Reply, *, split: Any = None,
               **options: Any) -> Any:
     """The reply shown as it streams (`reply`), a thinking model's reasoning apart (`split`:
-    its splitter); the Completion. `options` go to generate."""
+    its prompt's runtime.thinking.ThinkingPlan); the Completion. `options` go to generate."""
     from infer.runtime.results import Completion, Piece, Thought
     from infer.runtime.thinking import split_events
 
     try:
         events = session.generate(tokens, params, **options)
-        for event in split_events(events, split, session.model.token_bytes):
+        for event in split_events(events, split, session.model):
             if isinstance(event, Piece):
                 reply.piece(event.text)
             elif isinstance(event, Thought):

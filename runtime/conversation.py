@@ -83,7 +83,7 @@ class Conversation(Messages):
         tokens = rendered.tokens
         events = self.session.generate(tokens, params, thinking=rendered.plan,
                                        **self._through_cache(tokens, rendered.variables))
-        yield from self.recorded(split_events(events, rendered.splitter(), self.session.model.token_bytes))
+        yield from self.recorded(split_events(events, rendered.plan, self.session.model))
 
     def _fit(self, params: SamplingParams) -> tuple[ThinkingPrompt, int]:
         """The next prompt's tokens, dropping the oldest exchanges if the policy allows."""

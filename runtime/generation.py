@@ -23,14 +23,15 @@ from infer.runtime.thinking import ThinkingPlan
 
 
 def take_token(model: Any, params: Any, stream: TextStream, generated: list[int],
-               limit: int, token: int) -> tuple[str, str | None]:
+               limit: int, token: int, special: frozenset[int] = frozenset()) -> tuple[str, str | None]:
     """Take one sampled token into `generated` and `stream`: the text it makes final, and why
     generation ends with it ("eos", "stop", "length") if it does. An end-of-generation
-    token ends it without being kept (unless `ignore_eos`)."""
+    token ends it without being kept (unless `ignore_eos`). The `special` control tokens are
+    shown as their text (a thinking model's markers)."""
     if model.is_eog(token) and not params.ignore_eos:
         return "", "eos"
     generated.append(token)
-    text = stream.feed(model.token_bytes(token))
+    text = stream.feed(model.token_bytes(token, special=token in special))
     if stream.stopped_by is not None:
         return text, "stop"
     return text, "length" if len(generated) >= limit else None
@@ -70,8 +71,9 @@ class Generation:
         self.chain.close()
 
     def take(self, token: int) -> tuple[str, str | None]:
-        text, ended = take_token(self.model, self.params, self.stream, self.generated, self.limit, token)
         track = self.track
+        text, ended = take_token(self.model, self.params, self.stream, self.generated, self.limit, token,
+                                 track.plan.special if track is not None else frozenset())
         if track is not None and text:
             before = track.state
             track.feed(text)

@@ -1,19 +1,22 @@
 """A thinking model's reasoning: its markers, learned from the chat template, and a streaming
-splitter that separates the reasoning from the answer (issue 32, first part).
+splitter that separates the reasoning from the answer (issue 32).
 
 The markers come from what the template renders, never from a model's name, so a template
 never seen before that follows a known convention works:
 
-1. An assistant turn with reasoning (``reasoning_content``, also given as ``thinking``)
-   rendered after a user turn: the text between the reasoning and the answer is the closing
-   marker (``</think>``, ``</seed:think>``, ``[BEGIN FINAL RESPONSE]``...), and the opening one
-   is its conventional pair where the rendering has it before the reasoning (``<think>``),
-   else what the turn has between its header and the reasoning (possibly nothing).
+1. An assistant turn with reasoning (``reasoning_content``, also given as ``thinking``; last,
+   as a "thinking" chunk of its content: Mistral's) rendered after a user turn: the text
+   between the reasoning and the answer is the closing marker (``</think>``,
+   ``</seed:think>``, ``[BEGIN FINAL RESPONSE]``...), and the opening one is its conventional
+   pair where the rendering has it before the reasoning (``<think>``), else what the reply
+   writes before its reasoning after the generation prompt (gpt-oss's channel header), else
+   what the turn has between its header and the reasoning (possibly nothing).
 2. Where the template does not render reasoning in a history, the generation prompt tells:
    with the template's switches on (``enable_thinking``, ``thinking``) it ends with an
    opening marker, and off (or by default) with that marker and the closing one after it
    (DeepSeek V3.1's ``<think></think>``), or with the closing one alone (DeepSeek V4's); or it
-   ends with a marker whose conventional closing is known (R1 distills' ``<think>\\n``).
+   ends with a marker whose conventional closing is known (R1 distills' ``<think>\\n``);
+   or a history whose replies carry an empty block (Kimi K2 Thinking's ``<think></think>``).
 
 Whether the reply starts inside the block (the generation prompt already opened it) or the
 block is closed in the prompt (thinking off) is read from the generation prompt too.
@@ -45,6 +48,7 @@ _OPENERS = (
     (re.compile(r"<(think|thinking|seed:think)>"), r"</\1>"),
     (re.compile(r"\[(THINK)\]"), r"[/\1]"),
     (re.compile(r"<\|START_(THINKING)\|>"), r"<|END_\1|>"),
+    (re.compile(r"<\|channel>thought"), "<channel|>"),  # Gemma 4's
 )
 
 
@@ -83,8 +87,14 @@ def detect(source: str, *, bos_token: str = "", eos_token: str = "") -> Reasonin
                (("default", {}), ("on", SWITCHES_ON), ("off", SWITCHES_OFF))}
     answered = [*user, {"role": "assistant", "content": _A, "reasoning_content": _R, "thinking": _R}]
     plain = [*user, {"role": "assistant", "content": _A}]
-    found = (_from_history(rendered(answered, False), rendered(plain, False))
-             or _from_prompts(prompts["default"], prompts["on"], prompts["off"]))
+    # (Mistral's reasoning models take it as a "thinking" chunk of the content)
+    chunked = [*user, {"role": "assistant", "content": [{"type": "thinking", "thinking": _R},
+                                                        {"type": "text", "text": _A}]}]
+    history = rendered(answered, False), rendered(plain, False)
+    found = (_from_history(*history, prompts["on"] or prompts["default"])
+             or _from_prompts(prompts["default"], prompts["on"], prompts["off"])
+             or _from_empty_block(history[1])
+             or _from_history(rendered(chunked, False), history[1], "", paired=True))
     if found is None:
         return None
     opener, closer = found
@@ -96,7 +106,10 @@ def _after_user(prompt: str) -> str:
     return prompt[prompt.find(_Q) + len(_Q):] if _Q in prompt else ""
 
 
-def _from_history(with_reasoning: str, without: str) -> tuple[str, str] | None:
+def _from_history(with_reasoning: str, without: str, prompt: str, *,
+                  paired: bool = False) -> tuple[str, str] | None:
+    """The markers around the reasoning of an answered turn; `paired`: only a conventional pair
+    (where a template may print what it does not know, a list of chunks, as text)."""
     r, a = with_reasoning.find(_R), with_reasoning.find(_A)
     if r < 0 or a < r:
         return None
@@ -109,8 +122,14 @@ def _from_history(with_reasoning: str, without: str) -> tuple[str, str] | None:
             opener = pattern.sub(opening, closer)
             if before.endswith(opener):
                 return opener, closer
-    header = len(os.path.commonprefix([with_reasoning, without]))  # noqa: RUF071 (text, not paths)
-    return with_reasoning[min(header, r):r].strip(), closer
+    if paired:
+        return None
+    # The opening marker: what the reply writes before its reasoning, after the generation
+    # prompt (gpt-oss's "<|channel|>analysis<|message|>" after "<|start|>assistant"), else after
+    # the header the turn has with and without reasoning.
+    start = len(prompt) if prompt and with_reasoning.startswith(prompt) else \
+        len(os.path.commonprefix([with_reasoning, without]))  # noqa: RUF071 (text, not paths)
+    return with_reasoning[min(start, r):r].strip(), closer
 
 
 def _from_prompts(default: str, on: str, off: str) -> tuple[str, str] | None:
@@ -123,6 +142,18 @@ def _from_prompts(default: str, on: str, off: str) -> tuple[str, str] | None:
                 closer = match.expand(closing)
                 if tail[match.end():].strip() in ("", closer):
                     return match.group(0), closer
+    return None
+
+
+def _from_empty_block(answered: str) -> tuple[str, str] | None:
+    """A history whose replies carry an empty block before their answer (Kimi K2 Thinking's
+    ``<think></think>`` where it drops the reasoning of earlier turns)."""
+    before = answered[:answered.find(_A)].rstrip() if _A in answered else ""
+    for opening, closing in _OPENERS:
+        for match in opening.finditer(before):
+            closer = match.expand(closing)
+            if before[match.end():].strip() == closer:
+                return match.group(0), closer
     return None
 
 

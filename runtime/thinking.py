@@ -65,6 +65,14 @@ class ThinkingPlan:
     opened: bool | None  # True: inside the block; False: after a block the prompt closed; None: free
     limit: int | None = None  # tokens of thinking at most (None: no limit)
     close_tokens: tuple[int, ...] = ()  # the closing marker's tokens, written when the budget is spent
+    # The markers' control tokens (gpt-oss's <|channel|>...): the text shows them, so that the
+    # markers can be seen in it (a control token's text is otherwise empty)
+    special: frozenset[int] = frozenset()
+
+    def token_bytes(self, model: Any) -> Callable[[int], bytes]:
+        """The text of a token of the reply, a marker's control token shown."""
+        special = self.special
+        return lambda token: model.token_bytes(token, special=token in special)
 
     def splitter(self) -> ReasoningSplitter:
         """A splitter for a reply to this prompt (the reasoning apart from the answer)."""
@@ -126,9 +134,11 @@ def plan_thinking(model: Any, prompt_text: str, tokens: Sequence[int], *, templa
         return list(tokens), None, note
     opened = fmt.starts_open_with(prompt_text)
     closer = tuple(model.tokenize(fmt.close, add_special=False, parse_special=True))
+    opener = model.tokenize(fmt.open, add_special=False, parse_special=True) if fmt.open else []
+    special = frozenset(t for t in (*opener, *closer) if model.is_control(t))
     if limit == 0 and opened is True:
-        return [*tokens, *closer], ThinkingPlan(fmt, False), None
-    return list(tokens), ThinkingPlan(fmt, opened, limit, closer), None
+        return [*tokens, *closer], ThinkingPlan(fmt, False, special=special), None
+    return list(tokens), ThinkingPlan(fmt, opened, limit, closer, special), None
 
 
 def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, template: str | None = None,
@@ -150,16 +160,17 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
     return ThinkingPrompt(prompt, tokens, plan, variables, notes, request.separate)
 
 
-def split_events(events: Iterable[Any], splitter: ReasoningSplitter | None,
-                 token_bytes: Callable[[int], bytes]) -> Iterator[Any]:
-    """A generation's events (Piece ..., Completion) with a thinking model's reasoning apart:
-    `Thought`s for the reasoning, `Piece`s for the answer, and the Completion's text the answer
-    alone, its reasoning and reasoning tokens set. Without a `splitter`, the events as they are."""
+def split_events(events: Iterable[Any], plan: ThinkingPlan | None, model: Any) -> Iterator[Any]:
+    """A generation's events (Piece ..., Completion) with a thinking model's reasoning apart
+    (its prompt's `plan`): `Thought`s for the reasoning, `Piece`s for the answer, and the
+    Completion's text the answer alone, its reasoning and reasoning tokens set. Without a plan,
+    the events as they are."""
     from infer.runtime.results import Completion, Piece, Thought
 
-    if splitter is None:
+    if plan is None:
         yield from events
         return
+    splitter, token_bytes = plan.splitter(), plan.token_bytes(model)
 
     def parts(reasoning: str, answer: str) -> Iterator[Any]:
         if reasoning:
@@ -177,13 +188,13 @@ def split_events(events: Iterable[Any], splitter: ReasoningSplitter | None,
         yield event
 
 
-def split_completion(completion: Any, splitter: ReasoningSplitter | None,
-                     token_bytes: Callable[[int], bytes]) -> Any:
+def split_completion(completion: Any, plan: ThinkingPlan | None, model: Any) -> Any:
     """A whole Completion with its reasoning apart (see `split_events`)."""
-    if splitter is not None:
+    if plan is not None:
+        splitter = plan.splitter()
         splitter.feed(completion.text)
         splitter.finish()
-        _settle(completion, splitter, token_bytes)
+        _settle(completion, splitter, plan.token_bytes(model))
     return completion
 
 

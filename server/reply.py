@@ -38,6 +38,8 @@ class Reply:
         # (`thinking`: its runtime.thinking.ThinkingPrompt; reasoning_format none: not apart)
         splits = [thinking.splitter() for _ in range(gen.n)] if thinking is not None else []
         self.splits: list[ReasoningSplitter] | None = splits if splits and splits[0] is not None else None
+        model = served.model
+        self.token_bytes = thinking.plan.token_bytes(model) if self.splits else model.token_bytes
         self.reasonings = [""] * gen.n
         self.reasoning_tokens = 0
         self.flushed: set[int] = set()
@@ -73,7 +75,7 @@ class Reply:
         self.tokens[choice] = completion.tokens
         self.completion_tokens += completion.usage.completion_tokens
         if self.splits is not None and self.reasonings[choice]:
-            self.reasoning_tokens += reasoning_tokens(self.served.model.token_bytes, completion.tokens,
+            self.reasoning_tokens += reasoning_tokens(self.token_bytes, completion.tokens,
                                                       completion.text, self.splits[choice].answer_from)
         if choice == 0:
             self.cached_tokens = completion.usage.cached_tokens

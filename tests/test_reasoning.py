@@ -1,5 +1,6 @@
-"""Thinking models' reasoning (issue 32, first part): the markers learned from real chat
-templates, and the streaming splitter, fed in every split."""
+"""Thinking models' reasoning (issue 32): the markers learned from real chat templates, the
+streaming splitter fed in every split, and the controls and outputs of run, chat, batch and serve
+on the embedded model under fixture templates."""
 
 from __future__ import annotations
 
@@ -25,9 +26,13 @@ EXPECTED = {
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("<|START_THINKING|>", "<|END_THINKING|>", False),
     "Apriel-1.6-15b-Thinker-fixed": ("", "[BEGIN FINAL RESPONSE]", True),  # "Here are my reasoning steps:"
     "HuggingFaceTB-SmolLM3-3B": (*THINK, False),
+    "Kimi-K2-Thinking": (*THINK, False),  # earlier replies carry an empty <think></think>
+    "google-gemma-4-31B-it": ("<|channel>thought", "<channel|>", False),  # off: the prompt closes it
+    "mistralai-Ministral-3-14B-Reasoning-2512": ("[THINK]", "[/THINK]", False),  # a "thinking" chunk
 }
 NO_REASONING = ("Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.2-3B-Instruct", "google-gemma-2-2b-it",
-                "mistralai-Mistral-Nemo-Instruct-2407", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use")
+                "mistralai-Mistral-Nemo-Instruct-2407", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+                "meta-llama-Llama-3.3-70B-Instruct", "LFM2.5-Instruct", "Qwen3-Coder")
 
 
 def _template(name: str) -> str:
@@ -60,6 +65,8 @@ def _splits(text: str, rng: random.Random) -> list[list[str]]:
     return out
 
 
+HARMONY_OPEN = "<|channel|>analysis<|message|>"  # gpt-oss's reasoning, and its answer after it
+HARMONY_CLOSE = "<|end|><|start|>assistant<|channel|>final<|message|>"
 # (format, the reply starts inside the block, the generated text, reasoning, answer)
 CASES = [
     (ReasoningFormat(*THINK), False, "<think>\nThe sky scatters blue.\n</think>\n\nRayleigh scattering.",
@@ -75,6 +82,12 @@ CASES = [
     (ReasoningFormat("<|START_THINKING|>", "<|END_THINKING|>"), False,
      "<|START_THINKING|>plan it<|END_THINKING|>the reply", "plan it", "the reply"),
     (ReasoningFormat(*THINK, True), True, "thinking that never ends <", "thinking that never ends <", ""),
+    (ReasoningFormat(HARMONY_OPEN, HARMONY_CLOSE), False, f"{HARMONY_OPEN}User asks 2+2.{HARMONY_CLOSE}4",
+     "User asks 2+2.", "4"),  # gpt-oss
+    (ReasoningFormat("<|channel>thought", "<channel|>"), False,
+     "<|channel>thought\nSky: blue.<channel|>Blue.", "\nSky: blue.", "Blue."),  # Gemma 4
+    (ReasoningFormat("[THINK]", "[/THINK]"), False, "[THINK]short[/THINK]Long answer.", "short",
+     "Long answer."),  # Magistral
 ]
 
 
@@ -442,7 +455,8 @@ def test_batch_gives_each_line_its_reasoning_and_takes_think_and_budget_per_line
         assert r.returncode == 2, r.stderr  # (line c failed)
         return {d["id"]: d for d in map(json.loads, r.stdout.splitlines())}
 
-    here = results(run_cli("batch", smollm2, source, "--chat-template-file", R1, "--spec-type", "none", *flags))
+    here = results(run_cli("batch", smollm2, source, "--chat-template-file", R1, "--spec-type", "none",
+                           *flags))
     assert (here["a"]["text"], here["a"]["reasoning"]) == (local["text"], local["reasoning"])
     assert here["a"]["usage"]["reasoning_tokens"] == local["usage"]["reasoning_tokens"]
     assert (here["b"]["text"], here["b"]["reasoning"], here["b"]["usage"]["reasoning_tokens"]) == \
@@ -457,3 +471,43 @@ def test_batch_gives_each_line_its_reasoning_and_takes_think_and_budget_per_line
     for key in ("a", "b"):
         assert (there[key]["text"], there[key]["reasoning"]) == (here[key]["text"], here[key]["reasoning"])
     assert "think" in there["c"]["error"]
+
+
+# A template of the harmony convention (gpt-oss's channels: the reasoning in an "analysis"
+# message, the answer in a "final" one), written for the embedded model with its control tokens
+# as the markers, and its generation prompt opening the analysis message.
+HARMONY = """{%- for m in messages -%}
+{%- if m.role == "user" -%}<|im_start|>user<jupyter_text>{{ m.content }}<|im_end|>
+{%- elif m.role == "assistant" -%}<|im_start|>assistant<jupyter_code>
+{%- if loop.last and not add_generation_prompt and m.thinking is defined -%}
+analysis<jupyter_text>{{ m.thinking }}<jupyter_output><|im_start|>assistant<jupyter_code>
+{%- endif -%}
+final<jupyter_text>{{ m.content }}<|im_end|>
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}<|im_start|>assistant<jupyter_code>analysis<jupyter_text>{%- endif -%}"""
+
+
+def test_markers_made_of_control_tokens_are_seen_in_the_reply(smollm2, tmp_path):
+    """gpt-oss's markers are control tokens, whose text is otherwise empty: the reply shows them
+    where they mark the reasoning, so that the budget's closing marker ends it, the answer
+    follows, and the text holds neither."""
+    import json
+
+    from conftest import run_cli
+
+    from infer.runtime.reasoning import detect
+
+    fmt = detect(HARMONY)
+    assert fmt is not None and fmt.starts_open
+    assert fmt.close == "<jupyter_output><|im_start|>assistant<jupyter_code>final<jupyter_text>"
+    template = tmp_path / "harmony.jinja"
+    template.write_text(HARMONY)
+    # (the embedded model ends its reasoning after one token: a budget of 1 closes it first)
+    result = json.loads(run_cli("run", smollm2, "What is 2+2?", "--chat-template-file", template,
+                                "--reasoning-budget", "1", "--grammar", _forced("The answer is 4."),
+                                "--temp", "0", "-n", "40", "--json").stdout)
+    assert result["text"] == "The answer is 4." and result["reasoning"].strip()
+    assert "<jupyter" not in result["reasoning"] + result["text"]
+    # the reasoning's tokens and the closing marker's 6 (its control tokens count)
+    assert 1 + 6 <= result["usage"]["reasoning_tokens"] < result["usage"]["completion_tokens"]
