@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from infer.runtime.errors import UsageError
 
 # Without a QUANT, the first of these the repository has is taken: Q4_K_M, then the
-# nearest in size and quality, smaller ones before larger ones, full precision last.
+# nearest in size and quality, smaller ones before larger ones, full precision last (MXFP4:
+# gpt-oss's own 4-bit weights).
 PREFERENCE = (
-    "Q4_K_M", "Q4_K_S", "IQ4_XS", "IQ4_NL", "Q4_0", "Q4_1", "Q5_K_M", "Q5_K_S", "Q5_0",
+    "Q4_K_M", "Q4_K_S", "IQ4_XS", "IQ4_NL", "Q4_0", "Q4_1", "MXFP4", "MXFP4_MOE", "Q5_K_M", "Q5_K_S", "Q5_0",
     "Q5_1", "Q6_K", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_S", "IQ3_XS", "IQ3_XXS",
     "Q8_0", "Q2_K", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S", "BF16", "F16",
     "F32",
