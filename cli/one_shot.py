@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from infer.cli.flags import (
     context_params,
@@ -133,7 +134,7 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
                                       preamble=preamble, continuing=continuing, reply=reply, thinking=plan,
                                       split=plan)
     resolved.record_use()
-    _report(flags, resolved.reference, completion, record)
+    _report(flags, resolved.reference, completion, record, reply)
 
 
 def _say_notes(flags: Mapping[str, Any], notes: Sequence[str]) -> None:
@@ -156,12 +157,13 @@ def _ask(record: Any, model: str, system: str | None, text: str) -> Any:
     return record
 
 
-def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any) -> None:
+def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any, reply: _Reply) -> None:
     """After the reply: the conversation saved, --json's object, -v's statistics."""
     from infer.cli import conversations
 
-    if record is not None:
-        record.messages.append({"role": "assistant", "content": completion.text})
+    if record is not None:  # (a thinking model's reasoning kept for the template: chat's rule)
+        reasoning = {"reasoning_content": completion.reasoning} if completion.reasoning else {}
+        record.messages.append({"role": "assistant", "content": completion.text, **reasoning})
         conversations.save(record)
     if flags["json_output"]:
         from infer.cli.result_json import result_json
@@ -171,7 +173,7 @@ def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any) 
             result["conversation"] = record.id
         _write(json.dumps(result, ensure_ascii=False) + "\n")
     if flags["verbose"]:
-        _print_stats(completion, record.id if record else None)
+        _print_stats(completion, record.id if record else None, reply.thinking_s)
 
 
 def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str, prompt_arg: str | None,
@@ -198,7 +200,7 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
         completion = remote.generate(where, path, body, on_text=reply.piece, on_thought=reply.reasoning)
     finally:
         reply.end()
-    _report(flags, model, completion, record)
+    _report(flags, model, completion, record, reply)
 
 
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
@@ -262,8 +264,19 @@ class _Reply:
     def __init__(self, *, stream: bool, display: Any) -> None:
         self.stream, self.display = stream, display
         self.last = ""  # the last answer text written
+        self.thought_at: float | None = None  # when the reasoning began, and the answer after it
+        self.answered_at: float | None = None
+
+    @property
+    def thinking_s(self) -> float | None:
+        """How long the model thought (None: it did not)."""
+        if self.thought_at is None:
+            return None
+        return (self.answered_at or time.perf_counter()) - self.thought_at
 
     def piece(self, text: str) -> None:
+        if self.thought_at is not None and self.answered_at is None:
+            self.answered_at = time.perf_counter()
         if self.stream:
             if not self.last:
                 self.display.end()
@@ -271,6 +284,8 @@ class _Reply:
             self.last = text
 
     def reasoning(self, text: str) -> None:
+        if self.thought_at is None:
+            self.thought_at = time.perf_counter()
         self.display.write(text)
 
     def end(self) -> None:
@@ -284,7 +299,7 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _print_stats(c: Any, conversation: str | None) -> None:
+def _print_stats(c: Any, conversation: str | None, thinking_s: float | None) -> None:
     from infer.cli.speculation import describe
 
     t, u = c.timings, c.usage
@@ -298,6 +313,8 @@ def _print_stats(c: Any, conversation: str | None) -> None:
         f"prefill: {t.prefill_ms:.0f} ms ({t.prefill_tps:.1f} tokens/s)    "
         f"decode: {t.decode_ms:.0f} ms ({t.decode_tps(u.completion_tokens):.1f} tokens/s)",
         describe(u, t),
+        *([f"thinking: {c.reasoning_tokens} of the {u.completion_tokens} completion tokens"
+           + (f", {thinking_s:.1f} s" if thinking_s is not None else "")] if c.reasoning is not None else []),
     ]
     sys.stderr.write("".join(f"infer: {line}\n" for line in lines))
     sys.stderr.flush()

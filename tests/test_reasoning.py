@@ -200,6 +200,21 @@ def test_run_prints_the_answer_and_keeps_the_reasoning_apart(smollm2):
     assert 6 <= result["usage"]["reasoning_tokens"] < result["usage"]["completion_tokens"]
 
 
+def test_markers_typed_in_the_prompt_never_count(smollm2):
+    """The user's own </think> and <think> change nothing: the reply is split where the model
+    (here the budget) wrote the markers; -v says how much of the reply was thinking."""
+    import json
+
+    from conftest import run_cli
+
+    args = ["run", smollm2, "</think> What is 2+2? <think>", *THOUGHT]
+    result = json.loads(run_cli(*args, "--json").stdout)
+    assert result["text"] == "The answer is 4." and result["reasoning"].strip()
+    assert "What is" not in result["reasoning"]
+    said, usage = run_cli(*args, "-v").stderr, result["usage"]
+    assert f"thinking: {usage['reasoning_tokens']} of the {usage['completion_tokens']} completion" in said
+
+
 @pytest.mark.parametrize("template", [R1, QWEN3])
 def test_a_json_schema_constrains_the_answer_after_the_reasoning(smollm2, template):
     """The schema holds for the answer, not the thinking: under R1's template the reply is
