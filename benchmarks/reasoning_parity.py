@@ -1,0 +1,94 @@
+"""A thinking model's reply split as llama-server splits it: `infer serve` against llama.cpp's
+llama-server on the same GGUF file, chat template and prompt, greedy, the same flash-attention
+and repacking settings, streamed and not.
+
+    python benchmarks/reasoning_parity.py [MODEL] --llama-bin "$(benchmarks/build_llama_tools.sh)"
+
+For each case (a fixture template whose prompt opens the block, one whose model may open it,
+the same with thinking off through chat_template_kwargs) both servers get the same request;
+the script prints each side's `reasoning_content` and `content` and whether they are equal,
+and exits 1 if any differ. Not a test: it needs llama-server, built from the llama-cpp-python
+source distribution (minutes on a small machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+import repacking
+from serve import LLAMA_BIN, Server, resolve_model
+
+TEMPLATES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "chat-templates"
+CASES = (  # (name, template, extra request fields)
+    ("R1: the prompt opens the block", "llama-cpp-deepseek-r1.jinja", {}),
+    ("Qwen 3: the model may open it", "Qwen-Qwen3-0.6B.jinja", {}),
+    ("Qwen 3, thinking off", "Qwen-Qwen3-0.6B.jinja", {"chat_template_kwargs": {"enable_thinking": False}}),
+)
+
+
+def ask(server: Server, payload: dict, *, stream: bool) -> tuple[str, str]:
+    """(reasoning_content, content) of the reply, streamed or whole."""
+    url = f"{server.url}/v1/chat/completions"
+    if not stream:
+        message = httpx.post(url, json=payload, timeout=300).json()["choices"][0]["message"]
+        return message.get("reasoning_content") or "", message.get("content") or ""
+    parts = {"reasoning_content": "", "content": ""}
+    with httpx.stream("POST", url, json={**payload, "stream": True}, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    for key in parts:
+                        parts[key] += choice.get("delta", {}).get(key) or ""
+    return parts["reasoning_content"], parts["content"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default="smollm2", help="a GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("--llama-bin", type=Path, default=LLAMA_BIN, help="folder holding llama-server")
+    ap.add_argument("--infer-cmd", default=f"{shlex.quote(sys.executable)} -m infer.cli.main")
+    ap.add_argument("-fa", "--flash-attn", default="off", help="on or off, the same on both sides")
+    ap.add_argument("-n", "--max-tokens", type=int, default=48)
+    ap.add_argument("--prompt", default="What is 2+2?")
+    args = ap.parse_args()
+    model = resolve_model(args.model)
+    print(repacking.line())
+    differ = 0
+    for name, template_name, extra in CASES:
+        template = str(TEMPLATES / template_name)
+        common = ["-c", "2048", "-t", "2", "--chat-template-file", template]
+        sides = {
+            "infer serve": [*shlex.split(args.infer_cmd), "serve", model, "-np", "1", *common, "--flash-attn",
+                            args.flash_attn, "--spec-type", "none", "--no-cache", "--no-socket"],
+            "llama-server": [str(args.llama_bin / "llama-server"), "-m", model, "-np", "1", *common,
+                             "--jinja", "--reasoning-format", "deepseek", "-fa", args.flash_attn,
+                             "--no-webui", *repacking.peer_args("llama-server")],
+        }
+        payload = {"messages": [{"role": "user", "content": args.prompt}], "temperature": 0,
+                   "max_tokens": args.max_tokens, **extra}
+        servers = [Server(side, cmd) for side, cmd in sides.items()]
+        try:
+            for server in servers:
+                server.wait_ready()
+            for stream in (False, True):
+                got = {server.name: ask(server, payload, stream=stream) for server in servers}
+                same = len(set(got.values())) == 1
+                differ += not same
+                print(f"\n{name} ({'streamed' if stream else 'whole'}): {'same' if same else 'DIFFERENT'}")
+                for side, (reasoning, content) in got.items():
+                    print(f"  {side:<13} reasoning_content={reasoning!r}\n  {'':<13} content={content!r}")
+        finally:
+            for server in servers:
+                server.stop()
+    sys.exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    main()
