@@ -23,7 +23,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import repacking
-from serve import LLAMA_BIN, Server, resolve_model
+from serve import INFER, LLAMA_BIN, Server, resolve_model
 
 TEMPLATES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "chat-templates"
 CASES = (  # (name, template, extra request fields)
@@ -53,7 +53,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default="smollm2", help="a GGUF file (default: the embedded SmolLM2)")
     ap.add_argument("--llama-bin", type=Path, default=LLAMA_BIN, help="folder holding llama-server")
-    ap.add_argument("--infer-cmd", default=f"{shlex.quote(sys.executable)} -m infer.cli.main")
+    ap.add_argument("--infer-cmd", default=shlex.join(INFER), help="how to run infer")
     ap.add_argument("-fa", "--flash-attn", default="off", help="on or off, the same on both sides")
     ap.add_argument("-n", "--max-tokens", type=int, default=48)
     ap.add_argument("--prompt", default="What is 2+2?")

@@ -166,8 +166,11 @@ class ReasoningSplitter:
     start is all answer. Blank space right after the closing marker is not part of the answer.
     """
 
-    def __init__(self, fmt: ReasoningFormat, *, inside: bool, closed: bool = False) -> None:
+    def __init__(self, fmt: ReasoningFormat, *, inside: bool, closed: bool = False, lead: str = "") -> None:
         self.fmt = fmt
+        # `lead`: what the prompt wrote inside the block it opened, after the opening marker (R1's
+        # "\n" after "<think>"): the reasoning begins with it, as llama-server's does
+        self.lead = lead if inside else ""
         # `closed`: the prompt closed an empty block (thinking off): the answer comes at once
         self.state = "thinking" if inside else "after" if closed else "start"
         self.pending = ""  # text that may still be the start of a marker
@@ -180,12 +183,14 @@ class ReasoningSplitter:
         self.pending += text
         self.fed += len(text)
         reasoning, answer = self._advance(final=False)
+        reasoning, self.lead = self.lead + reasoning, ""
         self.reasoning += reasoning
         self.answer += answer
         return reasoning, answer
 
     def finish(self) -> tuple[str, str]:
         reasoning, answer = self._advance(final=True)
+        reasoning, self.lead = self.lead + reasoning, ""
         self.reasoning += reasoning
         self.answer += answer
         return reasoning, answer

@@ -68,6 +68,7 @@ class ThinkingPlan:
     # The markers' control tokens (gpt-oss's <|channel|>...): the text shows them, so that the
     # markers can be seen in it (a control token's text is otherwise empty)
     special: frozenset[int] = frozenset()
+    lead: str = ""  # what the prompt wrote inside the block it opened (reasoning.ReasoningSplitter)
 
     def token_bytes(self, model: Any) -> Callable[[int], bytes]:
         """The text of a token of the reply, a marker's control token shown."""
@@ -76,7 +77,8 @@ class ThinkingPlan:
 
     def splitter(self) -> ReasoningSplitter:
         """A splitter for a reply to this prompt (the reasoning apart from the answer)."""
-        return ReasoningSplitter(self.fmt, inside=self.opened is True, closed=self.opened is False)
+        return ReasoningSplitter(self.fmt, inside=self.opened is True, closed=self.opened is False,
+                                 lead=self.lead)
 
     def track(self) -> ThinkingTrack:
         return ThinkingTrack(self)
@@ -138,7 +140,11 @@ def plan_thinking(model: Any, prompt_text: str, tokens: Sequence[int], *, templa
     special = frozenset(t for t in (*opener, *closer) if model.is_control(t))
     if limit == 0 and opened is True:
         return [*tokens, *closer], ThinkingPlan(fmt, False, special=special), None
-    return list(tokens), ThinkingPlan(fmt, opened, limit, closer, special), None
+    lead = ""
+    marker = fmt.open.rstrip()
+    if opened is True and marker and marker in prompt_text:
+        lead = prompt_text[prompt_text.rindex(marker) + len(marker):]
+    return list(tokens), ThinkingPlan(fmt, opened, limit, closer, special, lead), None
 
 
 def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, template: str | None = None,

@@ -108,6 +108,13 @@ def test_the_splitter_gives_the_same_parts_however_the_text_is_cut(fmt, inside, 
         assert (splitter.reasoning, splitter.answer) == (reasoning, answer)
 
 
+def test_the_reasoning_begins_with_what_the_prompt_wrote_inside_the_block():
+    splitter = ReasoningSplitter(ReasoningFormat(*THINK, True), inside=True, lead="\n")
+    assert splitter.feed("Hm") == ("\nHm", "")
+    assert (*splitter.feed("m.</think>\n\nYes."), splitter.finish()) == ("m.", "Yes.", ("", ""))
+    assert (splitter.reasoning, splitter.answer, splitter.answer_from) == ("\nHmm.", "Yes.", 14)  # (in the generated text)
+
+
 def test_no_part_of_a_marker_is_given_out_before_it_is_known():
     splitter = ReasoningSplitter(ReasoningFormat(*THINK), inside=False)
     assert splitter.feed("<th") == ("", "")
@@ -325,7 +332,8 @@ def test_the_server_returns_the_reasoning_apart_as_infer_run_does(smollm2, tmp_p
         raw = httpx.post(server.url + "/v1/chat/completions", json={**body, "reasoning_format": "none"},
                          timeout=120).json()["choices"][0]["message"]
         assert "reasoning_content" not in raw  # reasoning_format none: the text as the model wrote it
-        assert raw["content"] == local["reasoning"] + "</think>" + local["text"]
+        # (the reasoning begins with the "\n" the prompt wrote after its <think>, as llama-server's)
+        assert "\n" + raw["content"] == local["reasoning"] + "</think>" + local["text"]
     finally:
         assert server.stop() == 0
 
