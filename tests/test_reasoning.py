@@ -112,7 +112,7 @@ def test_the_reasoning_begins_with_what_the_prompt_wrote_inside_the_block():
     splitter = ReasoningSplitter(ReasoningFormat(*THINK, True), inside=True, lead="\n")
     assert splitter.feed("Hm") == ("\nHm", "")
     assert (*splitter.feed("m.</think>\n\nYes."), splitter.finish()) == ("m.", "Yes.", ("", ""))
-    assert (splitter.reasoning, splitter.answer, splitter.answer_from) == ("\nHmm.", "Yes.", 14)  # (in the generated text)
+    assert (splitter.reasoning, splitter.answer, splitter.answer_from) == ("\nHmm.", "Yes.", 14)
 
 
 def test_no_part_of_a_marker_is_given_out_before_it_is_known():
