@@ -87,6 +87,7 @@ class ChatState(BaseChat):
         self.params = SamplingParams.resolve(loaded.defaults, overrides)
         self.reply = partial(reply_writer, flags["plain"])
         self.last: Any = None
+        self._say_think_note()
 
     def _conversation(self, loaded: _Loaded, system: str | None = None) -> Any:
         """A new conversation on `loaded`'s session, with the chat's policy and prompt cache."""
@@ -100,6 +101,18 @@ class ChatState(BaseChat):
 
     def _apply_thinking(self, request: Any) -> None:
         self.thinking = self.conversation.thinking = request
+        self._say_think_note()
+
+    def _say_think_note(self) -> None:
+        """Under -v: what the think level cannot set in this model's template (as infer run says)."""
+        if not self.flags.get("verbose") or self.thinking.think is None:
+            return
+        from infer.runtime.prompt import template_variables
+
+        model = self.loaded.session.model
+        _, said = template_variables(model, template=self.template, think=self.thinking.think)
+        if said is not None:
+            note(said)
 
     def __exit__(self, *exc: object) -> None:
         if self.cache is not None:

@@ -166,6 +166,10 @@ def test_think_is_checked_and_said_where_it_cannot_apply(smollm2):
 
     said = run_cli("run", smollm2, "Hi", "--think", "off", "-v", "--show-prompt")  # SmolLM2: no switch
     assert said.returncode == 0 and "no switch for thinking: --think off is not applied" in said.stderr
+    chat = run_cli("chat", smollm2, "-v", "--think", "off", input="/think high\n/think bogus\n")
+    assert chat.returncode == 0 and "--think off is not applied" in chat.stderr
+    assert "--think high is not applied" in chat.stderr and "give one of on, off" in chat.stderr
+    assert run_cli("chat", smollm2, "--think", "maybe", input="").returncode == 2
     for bad, words in ((["--think", "maybe"], "--think 'maybe': give one of on, off, low, medium, high"),
                        (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
                        (["--chat-template-kwargs", "{"], "is not valid JSON"),
