@@ -265,7 +265,7 @@ def _requests(model: Any, items: list[Item], defaults: dict[str, Any], overrides
     thinking model's plan for each request's reply (by index)."""
     from infer.runtime.request import Request
     from infer.runtime.sampling import SamplingParams
-    from infer.runtime.thinking import thinking_prompt
+    from infer.runtime.thinking_prompt import thinking_prompt
 
     requests, errors, plans = [], [], {}
     for item in items:

@@ -109,7 +109,7 @@ def reasoning_budget(flags: Mapping[str, Any]) -> int | None:
 
 def thinking_request(flags: Mapping[str, Any]) -> Any:
     """--think, --chat-template-kwargs and --reasoning-budget as a runtime.thinking.ThinkingRequest."""
-    from infer.runtime.thinking import ThinkingRequest
+    from infer.runtime.thinking_prompt import ThinkingRequest
 
     think, variables = prompt_settings(flags)
     return ThinkingRequest(think, variables, reasoning_budget(flags))

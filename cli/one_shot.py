@@ -28,7 +28,7 @@ from infer.runtime.errors import UsageError
 
 TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
     from typing import Any
 
     from infer.cli import remote
@@ -95,9 +95,8 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
     # While llama.cpp loads the model: import the template machinery (Jinja).
     from infer.cli.prompt_cache import open_cache
     from infer.quant.paths import template_cache_dir
-    from infer.runtime.prompt import preamble_len, raw_prompt
+    from infer.runtime.prompt import raw_prompt
     from infer.runtime.template import use_compiled_cache
-    from infer.runtime.thinking import thinking_prompt
 
     use_compiled_cache(template_cache_dir())
     cache = None if flags["no_cache"] else open_cache()
@@ -113,22 +112,17 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
             if not text:
                 raise UsageError("the prompt is empty")
             prompt = raw_prompt(session.model, text)
+            tokens = prompt.tokens
         else:
             record = _ask(record, resolved.reference, system, text)
-            rendered = thinking_prompt(session.model, record.messages, template=template,
-                                       request=thinking_request(flags))
-            _say_notes(flags, rendered.notes)
-            prompt, plan = rendered.prompt, rendered.plan
-            if cache is not None:  # where the prompt cache saves a state: two more renderings
-                preamble = preamble_len(session.model, record.messages, prompt.tokens, template=template,
-                                        variables=rendered.variables)
+            prompt, tokens, plan, preamble = _chat_prompt(flags, session.model, record.messages, template,
+                                                          cached=cache is not None)
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return
         from infer.runtime.sampling import SamplingParams
 
         params = SamplingParams.resolve(sampling_defaults(session.model, resolved), overrides)
-        tokens = rendered.tokens if plan is not None else prompt.tokens
         reply = _reply(flags)
         completion = _generate_cached(session, tokens, params, cache, name=resolved.reference,
                                       preamble=preamble, continuing=continuing, reply=reply, thinking=plan,
@@ -137,11 +131,22 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
     _report(flags, resolved.reference, completion, record, reply)
 
 
-def _say_notes(flags: Mapping[str, Any], notes: Sequence[str]) -> None:
-    """What --think or --reasoning-budget could not apply to this template (under -v)."""
+def _chat_prompt(flags: Mapping[str, Any], model: Any, messages: Any, template: str | None, *,
+                 cached: bool) -> tuple[Any, list[int], Any, int]:
+    """The rendered prompt, the tokens to generate from, a thinking model's plan (-v says what
+    --think or --reasoning-budget cannot apply), and where the prompt cache saves a state."""
+    from infer.runtime.prompt import preamble_len
+    from infer.runtime.thinking_prompt import thinking_prompt
+
+    rendered = thinking_prompt(model, messages, template=template, request=thinking_request(flags))
     if flags["verbose"]:
-        for note in notes:
+        for note in rendered.notes:
             sys.stderr.write(f"infer: {note}\n")
+    preamble = 0
+    if cached:  # where the prompt cache saves a state: two more renderings
+        preamble = preamble_len(model, messages, rendered.prompt.tokens, template=template,
+                                variables=rendered.variables)
+    return rendered.prompt, rendered.tokens, rendered.plan, preamble
 
 
 def _ask(record: Any, model: str, system: str | None, text: str) -> Any:

@@ -23,7 +23,8 @@ from infer.runtime.messages import CONTEXT_POLICIES, Dropped, Messages, check_co
 from infer.runtime.prompt import preamble_len
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Completion, Piece, Session, common_prefix_len
-from infer.runtime.thinking import ThinkingPrompt, ThinkingRequest, split_events, thinking_prompt
+from infer.runtime.thinking import split_events
+from infer.runtime.thinking_prompt import ThinkingPrompt, ThinkingRequest, thinking_prompt
 
 if TYPE_CHECKING:
     from infer.runtime.prompt_cache import PromptCache

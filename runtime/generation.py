@@ -19,7 +19,10 @@ from infer.runtime.results import Completion, Timings, Usage
 from infer.runtime.sampling import build_sampler_chain
 from infer.runtime.speculative import Speculator, verify
 from infer.runtime.textstream import TextStream
-from infer.runtime.thinking import ThinkingPlan
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from infer.runtime.thinking import ThinkingPlan
 
 
 def take_token(model: Any, params: Any, stream: TextStream, generated: list[int],

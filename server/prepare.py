@@ -17,7 +17,7 @@ from infer.server.models import Served
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from infer.runtime.thinking import ThinkingPrompt
+    from infer.runtime.thinking_prompt import ThinkingPrompt
 
 log = logger("infer.server")
 
@@ -26,7 +26,7 @@ def prepare(served: Served, gen: schema.Generation,
     """The prompt's tokens, the sampling parameters, the prompt cache's checkpoint and a chat's
     rendering with its thinking plan (runtime/thinking.py) (off the event loop: templates and
     tokenizing a long prompt take time)."""
-    from infer.runtime.thinking import thinking_prompt
+    from infer.runtime.thinking_prompt import thinking_prompt
 
     model = served.model
     thinking = None

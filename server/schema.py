@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infer.runtime.request_params import PARAMS, SAMPLING, Param, out_of_range
-from infer.runtime.thinking import ThinkingRequest
+from infer.runtime.thinking_prompt import ThinkingRequest
 from infer.server.errors import ApiError, invalid, unsupported
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
