@@ -88,6 +88,23 @@ class Generation:
         """Whether the reasoning budget is spent now: the caller writes the closing marker."""
         return self.track is not None and self.track.due(len(self.generated))
 
+    def write_closer(self, token: int) -> tuple[str, list[int], str | None]:
+        """After the pending `token`, take the reasoning's closing marker as if the model had
+        written it (the budget is spent): its text, the tokens taken (all of them, unless the
+        reply ends inside the marker), and why the reply ends, if it does. The caller decodes
+        the pending token and those tokens."""
+        assert self.track is not None
+        closer = list(self.track.plan.close_tokens)
+        if self.spec is not None:
+            self.spec.extend((token, *closer))
+        texts: list[str] = []
+        for n, forced in enumerate(closer):
+            text, ended = self.take(forced)
+            texts.append(text)
+            if ended is not None:
+                return "".join(texts), closer[:n + 1], ended
+        return "".join(texts), closer, None
+
     def _constrain(self, before: str, state: str) -> None:
         """The grammar and stop strings for the reply's new `state` (runtime/thinking.py)."""
         assert self.track is not None

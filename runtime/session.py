@@ -284,8 +284,7 @@ class Session:
                         finish = step.finish or "length"
                         break
                     if gen.thinking_due():
-                        assert thinking is not None
-                        step = self._close_thinking(gen, step.next_token, thinking.close_tokens)
+                        step = self._close_thinking(gen, step.next_token)
                     else:
                         step = self._step(gen, step.next_token)
             tail = gen.stream.finish()
@@ -304,23 +303,18 @@ class Session:
         )
         yield gen.completion(finish, len(prompt), cached, timings)
 
-    def _close_thinking(self, gen: Generation, token: int, closer: Sequence[int]) -> Step:
+    def _close_thinking(self, gen: Generation, token: int) -> Step:
         """Decode the pending `token`, then the reasoning's closing marker as if the model had
         written it (--reasoning-budget); then the next step of `gen`."""
-        if gen.spec is not None:
-            gen.spec.extend((token, *closer))
-        texts = []
-        for forced in closer:
-            text, ended = gen.take(forced)
-            texts.append(text)
-            if ended is not None:
-                return Step("".join(texts), ended, None, 0)
+        text, closer, ended = gen.write_closer(token)
+        if ended is not None:
+            return Step(text, ended, None, 0)
         n_past = len(self.tokens)
         self._batch.set_tokens([token, *closer], start_pos=n_past, seq_id=SEQ_ID)
         self.context.decode(self._batch)
         self.tokens.extend((token, *closer))
         step = gen.step(self.context, -1)
-        return Step("".join(texts) + step.text, step.finish, step.next_token, 0)
+        return Step(text + step.text, step.finish, step.next_token, 0)
 
     def _step(self, gen: Generation, token: int) -> Step:
         """Decode the pending `token` (and what the speculator guesses after it: never past the

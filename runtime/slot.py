@@ -43,20 +43,11 @@ class Slot:
         """The reasoning budget is spent: after the pending `token` the slot writes the closing
         marker itself (decoded with it at the next step), as if the model had. Why the request
         ends with it, if it does (the token limit)."""
-        request, gen = self.request, self.gen
-        assert request is not None and request.thinking is not None
-        closer = list(request.thinking.close_tokens)
-        if gen.spec is not None:
-            gen.spec.extend((token, *closer))
-        texts, ended = [], None
-        for n, forced in enumerate(closer):
-            text, ended = gen.take(forced)
-            texts.append(text)
-            if ended is not None:
-                closer = closer[:n + 1]
-                break
+        request = self.request
+        assert request is not None
+        text, closer, ended = self.gen.write_closer(token)
         if request.on_delta is not None:  # (written, not sampled: a log-probability of 0)
-            request.on_delta(Delta("".join(texts), closer, [TokenLogprob(t, 0.0, []) for t in closer]
+            request.on_delta(Delta(text, closer, [TokenLogprob(t, 0.0, []) for t in closer]
                                    if request.logprobs is not None else []))
         self.next_token, self.forced = token, closer
         return ended
