@@ -125,8 +125,7 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
         params = SamplingParams.resolve(sampling_defaults(session.model, resolved), overrides)
         reply = _reply(flags)
         completion = _generate_cached(session, tokens, params, cache, name=resolved.reference,
-                                      preamble=preamble, continuing=continuing, reply=reply, thinking=plan,
-                                      split=plan)
+                                      preamble=preamble, continuing=continuing, reply=reply, thinking=plan)
     resolved.record_use()
     _report(flags, resolved.reference, completion, record, reply)
 
@@ -166,9 +165,10 @@ def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any, 
     """After the reply: the conversation saved, --json's object, -v's statistics."""
     from infer.cli import conversations
 
-    if record is not None:  # (a thinking model's reasoning kept for the template: chat's rule)
-        reasoning = {"reasoning_content": completion.reasoning} if completion.reasoning else {}
-        record.messages.append({"role": "assistant", "content": completion.text, **reasoning})
+    if record is not None:
+        from infer.runtime.messages import reply_message
+
+        record.messages.append(reply_message(completion))
         conversations.save(record)
     if flags["json_output"]:
         from infer.cli.result_json import result_json
@@ -209,7 +209,7 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
 
 
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
-                     continuing: bool, reply: _Reply, thinking: Any = None, split: Any = None) -> Any:
+                     continuing: bool, reply: _Reply, thinking: Any = None) -> Any:
     """Generate through the prompt cache (None: without it).
 
     The cached state sharing the longest prefix is loaded first; states are saved
@@ -219,11 +219,11 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
 
     requested = time.perf_counter()  # time to first token counts the loading of a cached state
     if cache is None:
-        return _generate(session, tokens, params, reply, started=requested, thinking=thinking, split=split)
+        return _generate(session, tokens, params, reply, started=requested, thinking=thinking)
     session.check_fits(len(tokens), params.max_tokens)
     # A continued conversation's own state is worth loading however short it is.
     cache.restore(session, tokens, min_tokens=1 if continuing else None)
-    completion = _generate(session, tokens, params, reply, started=requested, thinking=thinking, split=split,
+    completion = _generate(session, tokens, params, reply, started=requested, thinking=thinking,
                            checkpoints=(preamble,) if preamble >= cache.min_tokens else (),
                            on_checkpoint=lambda n: cache.store(session, name, wait=False))
     # The end of the conversation: for --continue, and for the same prompt again.
@@ -232,16 +232,16 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
     return completion
 
 
-def _generate(session: Any, tokens: list[int], params: Any, reply: _Reply, *, split: Any = None,
+def _generate(session: Any, tokens: list[int], params: Any, reply: _Reply, *, thinking: Any = None,
               **options: Any) -> Any:
-    """The reply shown as it streams (`reply`), a thinking model's reasoning apart (`split`:
+    """The reply shown as it streams (`reply`), a thinking model's reasoning apart (`thinking`:
     its prompt's runtime.thinking.ThinkingPlan); the Completion. `options` go to generate."""
     from infer.runtime.results import Completion, Piece, Thought
     from infer.runtime.thinking import split_events
 
     try:
-        events = session.generate(tokens, params, **options)
-        for event in split_events(events, split, session.model):
+        events = session.generate(tokens, params, thinking=thinking, **options)
+        for event in split_events(events, thinking, session.model):
             if isinstance(event, Piece):
                 reply.piece(event.text)
             elif isinstance(event, Thought):
