@@ -24,6 +24,7 @@ from infer.cli.flags import (
     context_params,
     load_plan,
     log_to_stderr,
+    prompt_flags,
     read_text_file,
     resolve,
     sampling_overrides,
@@ -251,9 +252,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
 
 def _prompt_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
     """The batch's thinking flags (--think...), which a line's own settings override; checked."""
-    from infer.cli.batch_input import LINE_THINKING
-
-    given = {name: flags.get(name) for name in LINE_THINKING}
+    given = prompt_flags(flags)
     thinking_request(given)
     return given
 

@@ -11,7 +11,7 @@ from infer.cli.chat_commands import BaseChat
 from infer.cli.chat_files import params_dict, read_session, saved_params, write_session
 from infer.cli.chat_output import note, say
 from infer.cli.chat_settings import PROMPT_SETTINGS, list_settings, parse_setting
-from infer.cli.flags import context_params, load_plan, read_text_file, resolve, thinking_request
+from infer.cli.flags import context_params, load_plan, prompt_flags, read_text_file, resolve, thinking_request
 from infer.cli.placement import report
 from infer.cli.render import reply_writer
 from infer.cli.thinking_display import thinking_display
@@ -78,7 +78,7 @@ class ChatState(BaseChat):
         self.template = None  # --chat-template-file's, else the model's own
         if flags.get("chat_template_file") is not None:
             self.template = read_text_file(flags["chat_template_file"], "chat template file")
-        self.prompt_settings = {name: flags.get(name) for name in PROMPT_SETTINGS}
+        self.prompt_settings = prompt_flags(flags)
         self.thinking = thinking_request(self.prompt_settings)
         self.thoughts = partial(thinking_display, flags)
         self.conversation = self._conversation(loaded, system)

@@ -22,7 +22,7 @@ from infer.cli.chat_commands import BaseChat
 from infer.cli.chat_files import read_session, saved_params, write_session
 from infer.cli.chat_output import note, say
 from infer.cli.chat_settings import PROMPT_SETTINGS, list_overrides, parse_setting
-from infer.cli.flags import thinking_request
+from infer.cli.flags import prompt_flags, thinking_request
 from infer.cli.render import reply_writer
 from infer.cli.thinking_display import thinking_display
 from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, UsageError
@@ -96,7 +96,7 @@ class RemoteChat(BaseChat):
         self.conversation: Any = RemoteConversation(where, model, system=system,
                                                     context_policy=flags["context_policy"])
         self.overrides = overrides
-        self.prompt_settings = {name: flags.get(name) for name in PROMPT_SETTINGS}
+        self.prompt_settings = prompt_flags(flags)
         self.thinking: dict[str, Any] = {}  # the request's fields for them (remote.thinking_fields)
         self._apply_thinking(thinking_request(self.prompt_settings))
         self.reply = partial(reply_writer, flags["plain"])

@@ -107,6 +107,14 @@ def reasoning_budget(flags: Mapping[str, Any]) -> int | None:
     return None if value is None or value < 0 else value
 
 
+def prompt_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags of runtime/request_params.py's "prompt" group (--think, --chat-template-kwargs,
+    --reasoning-budget) as given, the form chat's /set and batch's lines override them in."""
+    from infer.runtime.request_params import PARAMS
+
+    return {name: flags.get(name) for name, p in PARAMS.items() if p.group == "prompt"}
+
+
 def thinking_request(flags: Mapping[str, Any]) -> Any:
     """--think, --chat-template-kwargs and --reasoning-budget as a runtime.thinking.ThinkingRequest."""
     from infer.runtime.thinking_prompt import ThinkingRequest
