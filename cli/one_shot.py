@@ -166,9 +166,7 @@ def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any, 
     from infer.cli import conversations
 
     if record is not None:
-        from infer.runtime.messages import reply_message
-
-        record.messages.append(reply_message(completion))
+        record.messages.append(completion.message())
         conversations.save(record)
     if flags["json_output"]:
         from infer.cli.result_json import result_json

@@ -13,13 +13,6 @@ from infer.runtime.errors import UsageError
 CONTEXT_POLICIES = ("drop-oldest", "error")
 
 
-def reply_message(completion: Any) -> dict[str, Any]:
-    """A reply as the conversation's assistant message, a thinking model's reasoning kept for
-    the template (`reasoning_content`)."""
-    reasoning = {"reasoning_content": completion.reasoning} if completion.reasoning else {}
-    return {"role": "assistant", "content": completion.text, **reasoning}
-
-
 def check_context_policy(policy: str) -> str:
     if policy not in CONTEXT_POLICIES:
         raise UsageError(f"context policy must be one of {', '.join(CONTEXT_POLICIES)}")
@@ -86,7 +79,7 @@ class Messages:
                 if isinstance(event, Piece):
                     said.append(event.text)
                 elif isinstance(event, Completion):
-                    self.messages.append(reply_message(event))
+                    self.messages.append(event.message())
                     completed = True
                 yield event
         finally:

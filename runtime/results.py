@@ -105,3 +105,9 @@ class Completion(_Record):
         self.tokens = [] if tokens is None else tokens
         self.reasoning = reasoning  # a thinking model's reasoning, apart from `text` (None: no convention)
         self.reasoning_tokens = reasoning_tokens  # of the completion tokens, those of the reasoning
+
+    def message(self) -> dict[str, str]:
+        """The reply as a conversation's assistant message, a thinking model's reasoning kept for
+        the template (`reasoning_content`)."""
+        reasoning = {"reasoning_content": self.reasoning} if self.reasoning else {}
+        return {"role": "assistant", "content": self.text, **reasoning}
