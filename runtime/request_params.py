@@ -164,6 +164,9 @@ PARAMS: dict[str, Param] = {p.field: p for p in (
           api=_api("top_p", openai=True, ollama="top_p", anthropic="top_p", responses="top_p")),
     Param("min_p", "float", 0.05, "Min-p sampling, in [0, 1].", ("--min-p",), range=Range(0, 1),
           label="min-p", gguf="general.sampling.min_p", catalog=True, api=_api("min_p", ollama="min_p")),
+    Param("top_n_sigma", "float", -1.0, "Top-n-sigma: keep the tokens within N standard deviations of the "
+          "likeliest logit (-1: off).", ("--top-nsigma", "--top-n-sigma"), range=Range(-1),
+          label="top-n-sigma", api=_api("top_n_sigma")),
     Param("typical_p", "float", 1.0, "Locally typical sampling, in [0, 1].", ("--typical-p", "--typical"),
           range=Range(0, 1), label="typical-p", catalog=True, api=_api("typical_p", ollama="typical_p")),
     Param("repeat_penalty", "float", 1.0, "Penalize repeated tokens (1.0: off).", ("--repeat-penalty",),

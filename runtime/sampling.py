@@ -190,6 +190,8 @@ def sampler_specs(p: SamplingParams, *, n_vocab: int,
     if p.mirostat == 2:
         return [*specs, SamplerSpec("temp", (p.temperature,)),
                 SamplerSpec("mirostat_v2", (seed, p.mirostat_tau, p.mirostat_eta))]
+    if p.top_n_sigma > 0:  # llama.cpp's order: after DRY, before top-k
+        specs.append(SamplerSpec("top_n_sigma", (p.top_n_sigma,)))
     if p.top_k > 0:
         specs.append(SamplerSpec("top_k", (p.top_k,)))
     if p.typical_p < 1:

@@ -119,6 +119,24 @@ def test_greedy_generation_is_token_identical_to_llama_cpp_python(smollm2, sessi
         llm.close()
 
 
+def test_a_tight_top_n_sigma_leaves_only_the_likeliest_token(session):
+    """--top-nsigma (llama.cpp's sampler): at a temperature that makes the draw noise, keeping
+    the tokens within 0.001 standard deviations of the best logit leaves the greedy choice."""
+    tokens = prompt_tokens(session, PROMPTS[0])
+    hot = {"temperature": 50.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 7, "max_tokens": 32}
+
+    def draw(**extra: float) -> list[int]:
+        session.context.memory_clear()
+        session.tokens.clear()
+        events = session.generate(tokens, SamplingParams(**hot, **extra))
+        done = [e for e in events if isinstance(e, Completion)]
+        return done[0].tokens
+
+    greedy = infer_greedy(session, tokens, 32)
+    assert draw(top_n_sigma=0.001) == greedy
+    assert draw() != greedy, "without top-n-sigma the hot draw should wander"
+
+
 def test_repeat_presence_and_frequency_penalties_draw_what_llama_cpp_python_draws(smollm2, session,
                                                                                  monkeypatch):
     """The penalties sampler as llama.cpp's own Python binding builds it (its constructor took

@@ -93,7 +93,7 @@ def test_resolve_layers_defaults_model_and_flags():
     {"temperature": -0.1}, {"top_p": -0.1}, {"top_p": 1.01}, {"top_k": -1}, {"min_p": 1.5},
     {"typical_p": -0.5}, {"repeat_penalty": 0}, {"mirostat": 5}, {"xtc_probability": 2},
     {"mirostat_tau": 0}, {"mirostat_eta": 0}, {"presence_penalty": float("inf")},
-    {"dry_base": 0.5}, {"max_tokens": -2}, {"stop": ("",)}, {"seed": -5},
+    {"dry_base": 0.5}, {"top_n_sigma": -2}, {"max_tokens": -2}, {"stop": ("",)}, {"seed": -5},
     {"grammar": "root ::= \"a\"", "json_schema": "{}"}, {"temperature": float("nan")},
 ])
 def test_out_of_range_values_are_usage_errors(kwargs):
@@ -120,9 +120,9 @@ def test_default_chain_follows_llama_cpp_order():
 
 def test_chain_includes_every_sampler_that_is_switched_on():
     p = SamplingParams(logit_bias=((5, 1.0),), grammar='root ::= "a"', repeat_penalty=1.1,
-                       dry_multiplier=0.8, typical_p=0.9, xtc_probability=0.5)
-    assert kinds(p) == ["logit_bias", "grammar", "penalties", "dry", "top_k", "typical", "top_p",
-                        "min_p", "xtc", "temp", "dist"]
+                       dry_multiplier=0.8, typical_p=0.9, xtc_probability=0.5, top_n_sigma=1.5)
+    assert kinds(p) == ["logit_bias", "grammar", "penalties", "dry", "top_n_sigma", "top_k", "typical",
+                        "top_p", "min_p", "xtc", "temp", "dist"]
 
 
 def test_greedy_and_mirostat_replace_the_random_draw():

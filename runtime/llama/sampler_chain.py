@@ -39,6 +39,7 @@ _PLAIN_SAMPLERS = {
     "min_p": C.llama_sampler_init_min_p,  # (p, min_keep)
     "typical": C.llama_sampler_init_typical,  # (p, min_keep)
     "xtc": C.llama_sampler_init_xtc,  # (p, t, min_keep, seed)
+    "top_n_sigma": C.llama_sampler_init_top_n_sigma,  # (n)
     "penalties": C.llama_sampler_init_penalties,  # (n_vocab, last_n, repeat, freq, present)
     "mirostat": C.llama_sampler_init_mirostat,  # (n_vocab, seed, tau, eta, m)
     "mirostat_v2": C.llama_sampler_init_mirostat_v2,  # (seed, tau, eta)
