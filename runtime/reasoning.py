@@ -4,8 +4,9 @@ splitter that separates the reasoning from the answer (issue 32).
 The markers come from what the template renders, never from a model's name, so a template
 never seen before that follows a known convention works:
 
-1. An assistant turn with reasoning (``reasoning_content``, also given as ``thinking``; last,
-   as a "thinking" chunk of its content: Mistral's) rendered after a user turn: the text
+1. An assistant turn with reasoning (``reasoning_content``, also given as ``thinking`` and
+   ``reasoning``; last, as a "thinking" chunk of its content: Mistral's) rendered after a
+   user turn: the text
    between the reasoning and the answer is the closing marker (``</think>``,
    ``</seed:think>``, ``[BEGIN FINAL RESPONSE]``...), and the opening one is its conventional
    pair where the rendering has it before the reasoning (``<think>``), else what the reply
@@ -17,6 +18,10 @@ never seen before that follows a known convention works:
    (DeepSeek V3.1's ``<think></think>``), or with the closing one alone (DeepSeek V4's); or it
    ends with a marker whose conventional closing is known (R1 distills' ``<think>\\n``);
    or a history whose replies carry an empty block (Kimi K2 Thinking's ``<think></think>``).
+3. A switch that only adds an instruction (Granite 3.3's system prompt with ``thinking``: "Write
+   your thoughts between <think></think> and write your response between
+   <response></response>"): an empty conventional pair in the text the switch adds gives the
+   markers, and a second empty pair there wraps the answer (taken off it, as llama-server does).
 
 Whether the reply starts inside the block (the generation prompt already opened it) or the
 block is closed in the prompt (thinking off) is read from the generation prompt too.
@@ -55,12 +60,14 @@ _OPENERS = (
 @dataclass(frozen=True)
 class ReasoningFormat:
     """How a model marks its reasoning: `open` (may be "": the generation prompt alone opens
-    it) and `close`, and whether a reply starts inside the block with the template's default
-    switches (`starts_open`)."""
+    it) and `close`, whether a reply starts inside the block with the template's default
+    switches (`starts_open`), and the markers around the answer where it has them."""
 
     open: str
     close: str
     starts_open: bool = False
+    answer_open: str = ""  # a wrapper around the answer, left out of it (Granite's <response>)
+    answer_close: str = ""
 
     def starts_open_with(self, generation_prompt: str) -> bool | None:
         """For a prompt rendered with some switches: True if the reply starts inside the block,
@@ -85,7 +92,8 @@ def detect(source: str, *, bos_token: str = "", eos_token: str = "") -> Reasonin
     user = [{"role": "user", "content": _Q}]
     prompts = {name: rendered(user, True, switches) for name, switches in
                (("default", {}), ("on", SWITCHES_ON), ("off", SWITCHES_OFF))}
-    answered = [*user, {"role": "assistant", "content": _A, "reasoning_content": _R, "thinking": _R}]
+    answered = [*user, {"role": "assistant", "content": _A, "reasoning_content": _R, "thinking": _R,
+                        "reasoning": _R}]
     plain = [*user, {"role": "assistant", "content": _A}]
     # (Mistral's reasoning models take it as a "thinking" chunk of the content)
     chunked = [*user, {"role": "assistant", "content": [{"type": "thinking", "thinking": _R},
@@ -95,11 +103,15 @@ def detect(source: str, *, bos_token: str = "", eos_token: str = "") -> Reasonin
              or _from_prompts(prompts["default"], prompts["on"], prompts["off"])
              or _from_empty_block(history[1])
              or _from_history(rendered(chunked, False), history[1], "", paired=True))
+    wrapper = ("", "")
+    if found is None:
+        found, wrapper = _from_switch_text(prompts["on"], prompts["off"] or prompts["default"])
     if found is None:
         return None
     opener, closer = found
     fmt = ReasoningFormat(opener, closer)
-    return ReasoningFormat(opener, closer, bool(fmt.starts_open_with(_after_user(prompts["default"]))))
+    return ReasoningFormat(opener, closer, bool(fmt.starts_open_with(_after_user(prompts["default"]))),
+                           *wrapper)
 
 
 def _after_user(prompt: str) -> str:
@@ -157,6 +169,26 @@ def _from_empty_block(answered: str) -> tuple[str, str] | None:
     return None
 
 
+_EMPTY_PAIR = re.compile(r"<([A-Za-z][\w:-]*)></\1>|\[([A-Z_]+)\]\[/\2\]")
+
+
+def _from_switch_text(on: str, off: str) -> tuple[tuple[str, str] | None, tuple[str, str]]:
+    """The markers named by the text a thinking switch adds to the prompt (an instruction in
+    the system prompt), and a second pair there that wraps the answer, as empty pairs."""
+    if not on or not off or on == off:
+        return None, ("", "")
+    start = len(os.path.commonprefix([on, off]))  # noqa: RUF071 (text, not paths)
+    end = len(os.path.commonprefix([on[start:][::-1], off[start:][::-1]]))  # noqa: RUF071
+    added = on[start:len(on) - end]
+    pairs = [(f"<{tag}>", f"</{tag}>") if (tag := m.group(1)) else (f"[{m.group(2)}]", f"[/{m.group(2)}]")
+             for m in _EMPTY_PAIR.finditer(added)]
+    thinking = [pair for pair in pairs if any(pattern.fullmatch(pair[0]) for pattern, _ in _OPENERS)]
+    if not thinking:
+        return None, ("", "")
+    others = [pair for pair in pairs if pair != thinking[0]]
+    return thinking[0], others[0] if others else ("", "")
+
+
 class ReasoningSplitter:
     """Generated text in, (reasoning, answer) pieces out, as it streams: a marker split across
     pieces anywhere is recognised, and nothing of a marker reaches either side.
@@ -207,7 +239,7 @@ class ReasoningSplitter:
                     continue
                 if self.fmt.open.startswith(body) and not final:
                     return "".join(reasoning), "".join(answer)  # still maybe the opening marker
-                self.state = "answer"
+                self.state = "wrap" if self.fmt.answer_open else "answer"
                 continue
             if self.state == "thinking":
                 at = text.find(self.fmt.close)
@@ -224,13 +256,33 @@ class ReasoningSplitter:
                 if not body and not final:
                     self.pending = ""
                     return "".join(reasoning), "".join(answer)
-                self.state, self.pending = "answer", body
+                self.state, self.pending = "wrap" if self.fmt.answer_open else "answer", body
                 continue
-            if self.answer_from is None:
-                self.answer_from = self.fed - len(text)
-            answer.append(text)
-            self.pending = ""
+            if self.state == "wrap":  # an answer wrapper's opening marker (Granite's <response>)?
+                body = text.lstrip()
+                if body.startswith(self.fmt.answer_open):
+                    self.state, self.pending = "wrapped", body[len(self.fmt.answer_open):].lstrip()
+                    continue
+                if self.fmt.answer_open.startswith(body) and not final:
+                    return "".join(reasoning), "".join(answer)
+                self.state = "answer"
+                continue
+            keep = 0
+            if self.state == "wrapped":
+                at = text.find(self.fmt.answer_close)
+                if at >= 0:
+                    self._take_answer(text[:at], answer)
+                    self.state, self.pending = "answer", text[at + len(self.fmt.answer_close):]
+                    continue
+                keep = 0 if final else _partial_suffix(text, self.fmt.answer_close)
+            self._take_answer(text[:len(text) - keep], answer)
+            self.pending = text[len(text) - keep:]
             return "".join(reasoning), "".join(answer)
+
+    def _take_answer(self, text: str, answer: list[str]) -> None:
+        if self.answer_from is None:
+            self.answer_from = self.fed - len(self.pending)
+        answer.append(text)
 
 
 def reasoning_tokens(token_bytes: Callable[[int], bytes], tokens: Sequence[int], text: str,

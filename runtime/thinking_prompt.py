@@ -79,9 +79,10 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
     from infer.runtime.prompt import chat_prompt, template_variables
 
     request = request or ThinkingRequest()
-    # An earlier reply's reasoning under the names templates read it by (most the first)
-    messages = [{**m, "thinking": m["reasoning_content"]}
-                if m.get("reasoning_content") and "thinking" not in m else m for m in messages]
+    # An earlier reply's reasoning under the names templates read it by (most the first;
+    # `thinking`: GLM's and Ollama's; `reasoning`: Solar Open's and vLLM's)
+    messages = [{"thinking": m["reasoning_content"], "reasoning": m["reasoning_content"], **m}
+                if m.get("reasoning_content") else m for m in messages]
     variables, note = template_variables(model, template=template, think=request.think,
                                          extra=request.variables)
     prompt = chat_prompt(model, messages, template=template, variables=variables)

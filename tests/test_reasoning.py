@@ -5,6 +5,7 @@ on the embedded model under fixture templates."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from tiny_model import fixtures_dir
@@ -35,16 +36,36 @@ NO_REASONING = ("Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.2-3B-Instruct", 
                 "meta-llama-Llama-3.3-70B-Instruct", "LFM2.5-Instruct", "Qwen3-Coder")
 
 
+# Real templates of conventions the shared fixtures lack (tests/chat_templates/README.md)
+MORE = {
+    "ibm-granite-granite-3.3-2B-Instruct": (*THINK, False, "<response>", "</response>"),  # an instruction
+    "upstage-Solar-Open-100B": ("<|think|>", "<|end|><|begin|>assistant<|content|>", False),  # .reasoning
+    "openai-gpt-oss-120b": ("<|channel|>analysis<|message|>",
+                            "<|end|><|start|>assistant<|channel|>final<|message|>", False),
+    "Qwen3.5-4B": (*THINK, True),
+    "NVIDIA-Nemotron-Nano-v2": (*THINK, True),
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": (*THINK, True),
+    "tencent-Hy3": ("<think:opensource>", "</think:opensource>", False),
+    "MiniMax-M3": ("<mm:think>", "</mm:think>", False),
+}
+MORE_WITHOUT = ("ibm-granite-granite-4.0", "meta-llama-Llama-3.1-8B-Instruct",
+                "microsoft-Phi-3.5-mini-instruct", "meetkai-functionary-medium-v3.2")
+HERE = Path(__file__).parent / "chat_templates"
+
+
 def _template(name: str) -> str:
-    return (fixtures_dir() / "chat-templates" / f"{name}.jinja").read_text(encoding="utf-8")
+    mine = HERE / f"{name}.jinja"
+    path = mine if mine.exists() else fixtures_dir() / "chat-templates" / f"{name}.jinja"
+    return path.read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", sorted({**EXPECTED, **MORE}))
 def test_the_markers_come_from_what_the_template_renders(name):
-    assert detect(_template(name), bos_token="<s>", eos_token="</s>") == ReasoningFormat(*EXPECTED[name])
+    expected = ReasoningFormat(*{**EXPECTED, **MORE}[name])
+    assert detect(_template(name), bos_token="<s>", eos_token="</s>") == expected
 
 
-@pytest.mark.parametrize("name", NO_REASONING)
+@pytest.mark.parametrize("name", NO_REASONING + MORE_WITHOUT)
 def test_a_template_without_reasoning_is_left_alone(name):
     assert detect(_template(name), bos_token="<s>", eos_token="</s>") is None
 
@@ -65,6 +86,7 @@ def _splits(text: str, rng: random.Random) -> list[list[str]]:
     return out
 
 
+GRANITE = ReasoningFormat(*THINK, False, "<response>", "</response>")  # the answer wrapped
 HARMONY_OPEN = "<|channel|>analysis<|message|>"  # gpt-oss's reasoning, and its answer after it
 HARMONY_CLOSE = "<|end|><|start|>assistant<|channel|>final<|message|>"
 # (format, the reply starts inside the block, the generated text, reasoning, answer)
@@ -88,6 +110,9 @@ CASES = [
      "<|channel>thought\nSky: blue.<channel|>Blue.", "\nSky: blue.", "Blue."),  # Gemma 4
     (ReasoningFormat("[THINK]", "[/THINK]"), False, "[THINK]short[/THINK]Long answer.", "short",
      "Long answer."),  # Magistral
+    (GRANITE, False, "<think>Sum it.</think>\n<response>It is 4.</response>", "Sum it.", "It is 4."),
+    (GRANITE, False, "<response>No thoughts.</response>", "", "No thoughts."),
+    (GRANITE, False, "Unwrapped, <response> as text.", "", "Unwrapped, <response> as text."),
 ]
 
 
@@ -129,6 +154,9 @@ def test_think_levels_use_the_switches_each_template_has():
     qwen3 = _template("Qwen-Qwen3-0.6B")
     assert think_variables(qwen3, "off") == ({"enable_thinking": False}, None)
     assert think_variables(qwen3, "on") == ({"enable_thinking": True}, None)
+    granite = _template("ibm-granite-granite-3.3-2B-Instruct")  # a system-prompt instruction
+    assert think_variables(granite, "on") == ({"thinking": True}, None)
+    assert think_variables(granite, "off") == ({"thinking": False}, None)
     variables, note = think_variables(qwen3, "high")  # no levels: on, said under -v
     assert variables == {"enable_thinking": True} and "--think high is on" in note
     effort = ("{{ messages[0].content }}{% if add_generation_prompt %}<|effort:{{ reasoning_effort | default"
@@ -209,6 +237,19 @@ def test_run_prints_the_answer_and_keeps_the_reasoning_apart(smollm2):
     shown = run_cli(*args, "--show-thinking")
     assert shown.stdout == plain.stdout and result["reasoning"].strip() in shown.stderr
     assert 6 <= result["usage"]["reasoning_tokens"] < result["usage"]["completion_tokens"]
+
+
+def test_an_answer_wrapper_is_taken_off_the_answer(smollm2):
+    """Granite 3.3 answers in <response>...</response> when its instruction asks it to think."""
+    import json
+
+    from conftest import run_cli
+
+    granite = HERE / "ibm-granite-granite-3.3-2B-Instruct.jinja"
+    r = run_cli("run", smollm2, "What is 2+2?", "--chat-template-file", granite, "--think", "on", "--json",
+                "--grammar", _forced("<response>It is 4.</response>"), "--temp", "0", "-n", "20")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"] == "It is 4."
 
 
 def test_markers_typed_in_the_prompt_never_count(smollm2):
