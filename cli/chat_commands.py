@@ -121,6 +121,24 @@ class BaseChat:
         (key,) = setting
         note(f"{key} = {settings[key]!r}")
 
+    def restore_thinking(self, meta: dict[str, Any]) -> None:
+        """A saved chat's thinking settings (/think, /set think|reasoning-budget|
+        chat-template-kwargs), in use from the next turn; ones that no longer check are said."""
+        from infer.cli.chat_settings import PROMPT_SETTINGS
+        from infer.cli.flags import thinking_request
+
+        saved = meta.get("thinking")
+        if not isinstance(saved, dict):
+            return  # (saved before the settings were kept: the current ones stay)
+        settings = {name: saved.get(name) for name in PROMPT_SETTINGS}
+        try:
+            request = thinking_request(settings)
+        except InferError as e:
+            note(f"the saved thinking settings are not applied: {e}")
+            return
+        self.prompt_settings = settings
+        self._apply_thinking(request)
+
     def _apply_thinking(self, request: Any) -> None:
         """Use these thinking settings (a runtime.thinking.ThinkingRequest) from the next turn."""
         raise NotImplementedError

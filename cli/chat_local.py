@@ -150,7 +150,7 @@ class ChatState(BaseChat):
         tokens, kv = self.conversation.session.save_state()
         write_session(name, {"fingerprint": self.conversation.session.fingerprint(),
                              "messages": self.conversation.messages, "tokens": tokens,
-                             "params": params_dict(self.params)}, kv)
+                             "params": params_dict(self.params), "thinking": self.prompt_settings}, kv)
         note(f"saved session {name!r} ({len(tokens)} tokens in the cache)")
 
     def load(self, name: str) -> None:
@@ -161,6 +161,7 @@ class ChatState(BaseChat):
         session = self.conversation.session
         self.conversation.messages = list(meta["messages"])
         self._set_params(saved_params(meta))
+        self.restore_thinking(meta)
         same = (kv is not None and meta.get("fingerprint") == session.fingerprint()
                 and hashlib.sha256(kv).hexdigest() == meta.get("kv_sha256"))
         if same and kv is not None and session.restore_state(list(meta["tokens"]), kv):

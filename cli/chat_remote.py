@@ -150,7 +150,7 @@ class RemoteChat(BaseChat):
     def save(self, name: str) -> None:
         """The messages and the parameters set; the KV cache stays in the server."""
         write_session(name, {"fingerprint": None, "messages": self.conversation.messages, "tokens": [],
-                             "params": dict(self.overrides)}, None)
+                             "params": dict(self.overrides), "thinking": self.prompt_settings}, None)
         note(f"saved session {name!r} (messages and parameters; the KV cache is the server's)")
 
     def load(self, name: str) -> None:
@@ -164,6 +164,7 @@ class RemoteChat(BaseChat):
                 overrides[key] = value
         self.conversation.messages = list(meta["messages"])
         self.overrides = overrides
+        self.restore_thinking(meta)
         self.params = {**remote.request_fields(overrides), **self.thinking}
         note(f"loaded session {name!r}")
 

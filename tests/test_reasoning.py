@@ -467,10 +467,15 @@ def test_chat_keeps_the_reasoning_apart_and_takes_think_and_budget(smollm2, infe
                                           "--temp", "0", "-n", "8", *extra, "--json").stdout)
                        for extra in (["--think", "off"], []))
     turns = run_cli("chat", smollm2, "--chat-template-file", QWEN3, "--temp", "0", "-n", "8", "--plain",
-                    input="Name a colour.\n/clear\n/think off\nName a colour.\n")
+                    input="Name a colour.\n/clear\n/think off\nName a colour.\n/save cold\n")
     assert turns.returncode == 0, turns.stderr
     assert turns.stdout.splitlines() == [run_on["text"], run_off["text"]]
     assert "think = 'off'" in turns.stderr
+    # /save keeps the thinking settings, and /load (--session) takes them back
+    saved = json.loads((infer_home / "sessions" / "cold" / "session.json").read_text())
+    assert saved["thinking"]["think"] == "off"
+    again = run_cli("chat", smollm2, "--chat-template-file", QWEN3, "--session", "cold", input="/think\n")
+    assert (again.returncode, again.stdout) == (0, "think = off\n"), again.stderr
 
 
 def test_on_a_terminal_the_reasoning_folds_into_one_line_when_the_answer_begins(monkeypatch):
