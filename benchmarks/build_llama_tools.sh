@@ -2,7 +2,9 @@
 # Build llama.cpp's own tools (llama-bench, llama-completion, llama-batched-bench, llama-lookup,
 # llama-speculative-simple, llama-server) from the llama-cpp-python
 # source distribution of the installed version, into ../.bench/ (ignored by git).
-# Usage: benchmarks/build_llama_tools.sh   -> prints the folder holding the binaries.
+# Usage: benchmarks/build_llama_tools.sh [TARGET...]   -> prints the folder holding the binaries.
+# With targets (e.g. llama-server, which the test suite compares infer serve with) only those
+# are built: llama-server alone takes about 5 minutes on 2 cores, all of them about 18.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="$here/.bench"
@@ -17,6 +19,9 @@ src="$out/src/llama_cpp_python-$version/vendor/llama.cpp"
 # Hugging Face at build time; the benchmarks only use its HTTP API).
 cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2
-cmake --build "$out/build" -j "$(nproc)" --target llama-bench llama-completion llama-batched-bench \
-  llama-lookup llama-speculative-simple llama-server >&2
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(llama-bench llama-completion llama-batched-bench llama-lookup llama-speculative-simple llama-server)
+fi
+cmake --build "$out/build" -j "$(nproc)" --target "${targets[@]}" >&2
 echo "$out/build/bin"

@@ -7,8 +7,9 @@ and repacking settings, streamed and not.
 For each case (a fixture template whose prompt opens the block, one whose model may open it,
 the same with thinking off through chat_template_kwargs) both servers get the same request;
 the script prints each side's `reasoning_content` and `content` and whether they are equal,
-and exits 1 if any differ. Not a test: it needs llama-server, built from the llama-cpp-python
-source distribution (minutes on a small machine).
+and exits 1 if any differ. tests/test_llama_server.py asserts the same on the embedded model
+in the suite (the README's test command builds llama-server first); this script prints both
+sides, for any model and either flash-attention setting.
 """
 
 from __future__ import annotations

@@ -1,0 +1,121 @@
+"""infer serve against llama.cpp's own llama-server on the same GGUF file, chat template and
+request (greedy, the same flash-attention and repacking settings): what a client reads must be
+the same. llama-server is built from the installed llama-cpp-python's source distribution by
+`benchmarks/build_llama_tools.sh llama-server`, which the README's test command runs first
+(about 5 minutes once; a no-op after). benchmarks/reasoning_parity.py prints the same
+comparison for any model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import Server
+from tiny_model import fixtures_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = fixtures_dir() / "chat-templates"
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Path:
+    found = Path(os.environ.get("INFER_LLAMA_BIN", ROOT / ".bench" / "build" / "bin")) / "llama-server"
+    if not found.exists():
+        message = f"llama-server not at {found}: run benchmarks/build_llama_tools.sh llama-server"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+class LlamaServer:
+    """llama-server on a free port of 127.0.0.1, its log kept for a failure's message."""
+
+    def __init__(self, binary: Path, *args: str, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.log, self._out = log, log.open("wb")
+        self.proc = subprocess.Popen([str(binary), *args, "--host", "127.0.0.1", "--port", str(port)],
+                                     stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        end = time.monotonic() + 120
+        while time.monotonic() < end and self.proc.poll() is None:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError("llama-server did not start:\n" + log.read_text(errors="replace")[-3000:])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+
+
+def ask(url: str, payload: dict, *, stream: bool) -> tuple[str, str]:
+    """(reasoning_content, content) of a chat reply, whole or assembled from its stream."""
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=payload, timeout=300)
+        assert r.status_code == 200, r.text
+        message = r.json()["choices"][0]["message"]
+        return message.get("reasoning_content") or "", message.get("content") or ""
+    parts = {"reasoning_content": "", "content": ""}
+    body = {**payload, "stream": True}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    for key in parts:
+                        parts[key] += choice.get("delta", {}).get(key) or ""
+    return parts["reasoning_content"], parts["content"]
+
+
+# (template, the requests' extra fields): R1's prompt opens the block (the reply starts inside
+# it); under Qwen 3's the model may open one; Qwen 3 with thinking off closes an empty one
+TEMPLATE_CASES = {
+    "llama-cpp-deepseek-r1.jinja": [{}],
+    "Qwen-Qwen3-0.6B.jinja": [{}, {"chat_template_kwargs": {"enable_thinking": False}}],
+}
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATE_CASES))
+def test_the_reasoning_is_split_as_llama_server_splits_it(template, smollm2, llama_server, tmp_path):
+    from infer.runtime import repack
+
+    path = str(TEMPLATES / template)
+    common = ["-c", "2048", "-t", "2", "--chat-template-file", path]
+    ours = Server(str(smollm2), "-np", "1", *common, "--flash-attn", "off", "--spec-type", "none",
+                  "--no-cache", "--no-socket", home=tmp_path / "home")
+    peer_repack = [] if repack.verdict().repack else ["-nr"]  # infer's setting on this CPU
+    try:
+        theirs = LlamaServer(llama_server, "-m", str(smollm2), "-np", "1", *common, "--jinja",
+                             "--reasoning-format", "deepseek", "-fa", "off", "--no-webui", *peer_repack,
+                             log=tmp_path / "llama-server.log")
+        try:
+            for extra in TEMPLATE_CASES[template]:
+                payload = {"messages": [{"role": "user", "content": "What is 2+2?"}], "temperature": 0,
+                           "max_tokens": 48, **extra}
+                for stream in (False, True):
+                    got = ask(ours.url, payload, stream=stream)
+                    assert got == ask(theirs.url, payload, stream=stream), (extra, stream)
+                    if not extra and template.startswith("llama-cpp-deepseek"):
+                        assert got[0].strip(), "under R1's template the reply starts inside the block"
+        finally:
+            theirs.stop()
+    finally:
+        assert ours.stop() == 0
