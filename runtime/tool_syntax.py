@@ -1,0 +1,398 @@
+"""How a chat template writes tool calls, learned from what it renders (issue 33).
+
+The template renders an assistant turn with one probe call, and one with two, after a user
+turn (with the probe tools given, as a request gives them). The text the calls add is taken
+apart, never matched against a list of model names, so a template never seen before that
+writes its calls in a known shape works:
+
+- the call is one JSON object holding the name and the arguments (Hermes and Qwen 2.5/3's
+  ``<tool_call>{"name": …, "arguments": …}</tool_call>``, Llama 3.x's ``parameters``, Command
+  R7B's list, Mistral Nemo's ``[TOOL_CALLS][…]``; or ``{"NAME": {…}}``, Apertus'),
+- or the name is written and then the arguments as a JSON object (DeepSeek V3.1, Kimi K2's
+  ``functions.NAME:0``, Mistral's ``[TOOL_CALLS]NAME[ARGS]{…}``, gpt-oss' ``to=functions.NAME``,
+  functionary's ``<function=NAME>{…}``),
+- or the name and then each argument as a key and a value between markers (Qwen3-Coder's
+  ``<parameter=KEY>``, GLM's ``<arg_key>``, MiniMax's ``<parameter name="KEY">``, DeepSeek
+  V3.2's DSML, Seed-OSS, MiniCPM, LFM2's ``NAME(key='value')``).
+
+What stands around the calls (a section's markers), around each call and between them, and
+the parts that count the calls (Kimi's ``:0``, ``:1``) or carry the call's id, are read from
+the difference between the one-call and the two-call renderings.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer.runtime.template import render
+
+_USER, _TEXT = "Q7f3", "A4m8"  # placeholders no template renders by itself
+NAMES = ("fnAlpha", "fnBeta")
+ARGS: tuple[dict[str, Any], ...] = ({"pA": "vAlpha"}, {"pB": "vBeta", "pC": 7})
+IDS = ("Ab3dE6gH9", "Jk2mN5pQ8")  # alphanumeric, 9 characters (Mistral's templates insist)
+INDEX, ID = "\ue001", "\ue000"  # where a call's number or its id stands in learned text
+
+
+def probe_tools() -> list[dict[str, Any]]:
+    def tool(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        props = {k: {"type": "string" if isinstance(v, str) else "integer"} for k, v in args.items()}
+        return {"type": "function", "function": {"name": name, "description": "A probe.",
+                                                 "parameters": {"type": "object", "properties": props,
+                                                                "required": list(args)}}}
+    return [tool(n, a) for n, a in zip(NAMES, ARGS, strict=True)]
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Arguments written as keys and values between markers rather than as a JSON object. A
+    value of a string is written as is; any other as JSON. `after_key` and `after_value` are
+    by the value's kind ("string" or "other": DSML says ``string="true"``, Gemma quotes)."""
+
+    before_key: str
+    after_key: Mapping[str, str]
+    after_value: Mapping[str, str]
+    sep: str
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    """How a template writes tool calls: `section_open`, then each call as `call_open`, the
+    name, `name_close`, the arguments, `call_close`, with `call_sep` between calls, then
+    `section_close`. `json_keys`: the call is one JSON object with the name and arguments under
+    these keys ("" for both: the name is the object's only key); `extras` its other keys, each
+    a constant, the call's number or its id. `pairs`: arguments as keys and values (None: a
+    JSON object). `index_base`: the first call's number where one is written. `parallel`: the
+    template writes more than one call in a turn."""
+
+    section_open: str
+    call_open: str
+    name_close: str
+    call_close: str
+    call_sep: str
+    section_close: str
+    json_keys: tuple[str, str] | None = None
+    extras: tuple[tuple[str, Any], ...] = ()
+    pairs: Pairs | None = None
+    index_base: int = 0
+    parallel: bool = True
+    content_first: bool = field(default=True, compare=False)  # the template keeps text before calls
+
+    @property
+    def trigger(self) -> str:
+        """The text that starts the calls in a reply (for a JSON object call with no marker,
+        its opening up to the name key)."""
+        start = (self.section_open + self.call_open).strip()
+        if start or self.json_keys is None:
+            return start.split(INDEX)[0].split(ID)[0]
+        return '{"' + self.json_keys[0] + '"' if self.json_keys[0] else "{"
+
+
+def _call(i: int, n: int, arguments: Any) -> dict[str, Any]:
+    """Probe call `i` as the turn's `n`th call."""
+    return {"id": IDS[n], "type": "function", "function": {"name": NAMES[i], "arguments": arguments}}
+
+
+@functools.lru_cache(maxsize=32)
+def learn(source: str, *, bos_token: str = "", eos_token: str = "") -> ToolSyntax | None:
+    """The tool-call syntax of the chat template `source`, or None where it renders no calls."""
+
+    def rendered(messages: list[dict[str, Any]], generation: bool = False) -> str:
+        try:
+            return render(source, messages, bos_token=bos_token, eos_token=eos_token,
+                          add_generation_prompt=generation, variables={"tools": probe_tools()})
+        except Exception:  # (a template that refuses this probe renders no calls of this kind)
+            return ""
+
+    empty = _empty_block(source, bos_token, eos_token)
+
+    def calls_text(*which: int) -> tuple[str, bool]:
+        text, kept = _turn_calls(rendered, [_call(i, n, ARGS[i]) for n, i in enumerate(which)], empty)
+        for n in range(len(which)):
+            text = text.replace(IDS[n], ID)
+        return text, kept
+
+    one, kept = calls_text(0)
+    if NAMES[0] not in one:
+        return None
+    two, solo = calls_text(0, 1)[0], calls_text(1)[0]  # (solo: a call with two arguments, alone)
+    syntax = _learn_calls(one, two if NAMES[1] in two else "", solo if NAMES[1] in solo else "")
+    if syntax is None:
+        return None
+    return ToolSyntax(**{**syntax.__dict__, "content_first": kept})
+
+
+def written(source: str, tools: list[dict[str, Any]], calls: list[dict[str, Any]], content: str = "", *,
+            bos_token: str = "", eos_token: str = "") -> str:
+    """What a reply with `content` and `calls` (OpenAI's tool_calls) is, as the template writes
+    such a turn after a user's: the text a model trained on it generates (tests read it back)."""
+
+    def rendered(messages: list[dict[str, Any]], generation: bool = False) -> str:
+        return render(source, messages, bos_token=bos_token, eos_token=eos_token,
+                      add_generation_prompt=generation, variables={"tools": tools})
+
+    added, kept = _turn_calls(rendered, calls, _empty_block(source, bos_token, eos_token))
+    return (content if kept and content else "") + added
+
+
+def _turn_calls(rendered: Callable[..., str], calls: list[dict[str, Any]],
+                empty: re.Pattern[str] | None) -> tuple[str, bool]:
+    """The text `calls` add to an assistant turn (after a placeholder text), and whether the
+    template keeps the turn's text with them. Where a turn with text shows no call
+    (Gemma 4 writes calls only in a turn without text), a turn without text."""
+    user = {"role": "user", "content": _USER}
+    base, prompt = rendered([user, {"role": "assistant", "content": _TEXT}]), rendered([user], True)
+    name = calls[0]["function"]["name"] if calls else ""
+    added, kept = "", False
+    for text in (_TEXT, ""):
+        added, kept = _added(rendered([user, {"role": "assistant", "content": text, "tool_calls": calls}]),
+                             base, prompt)
+        if name in added:
+            break
+    lead = empty.match(added) if empty is not None else None
+    return (added[lead.end():] if lead else added), kept
+
+
+def _empty_block(source: str, bos_token: str, eos_token: str) -> re.Pattern[str] | None:
+    """An empty reasoning block the template writes before a reply's calls (Command R7B's
+    ``<|START_THINKING|><|END_THINKING|>``): not part of the calls."""
+    from infer.runtime.reasoning import detect
+
+    fmt = detect(source, bos_token=bos_token, eos_token=eos_token)
+    if fmt is None or not fmt.open:
+        return None
+    return re.compile(r"\s*" + re.escape(fmt.open) + r"\s*" + re.escape(fmt.close) + r"\s*")
+
+
+def _clean(text: str, at: int) -> bool:
+    """Whether `at` falls between two markers or lines rather than inside one."""
+    return at <= 0 or at >= len(text) or text[at - 1] in ">]\n" or text[at] in "<[\n"
+
+
+def _added(text: str, base: str, prompt: str) -> tuple[str, bool]:
+    """What an assistant turn's calls add to it (`text`), and whether its text is kept before
+    them: after the turn's text where it is kept, else after the generation prompt or what the
+    turn without calls has before its text; without the turn's end."""
+    if not text or _TEXT not in base:
+        return "", False
+    end = base[base.index(_TEXT) + len(_TEXT):]
+    if _TEXT in text:
+        added, kept = text[text.index(_TEXT) + len(_TEXT):], True
+    else:  # (the text is dropped: after what the turn has in common with one without calls)
+        start = text.find(_USER) + len(_USER) if _USER in text else 0
+        header = start + len(os.path.commonprefix([text[start:], base[base.find(_USER) + len(_USER):]]))  # noqa: RUF071
+        while not _clean(text, header):
+            header -= 1
+        added, kept = text[header:], False
+    cut = len(added) - len(os.path.commonprefix([added[::-1], end[::-1]]))  # noqa: RUF071 (the turn's end)
+    while not _clean(added, cut):
+        cut += 1
+    added = added[:cut]
+    tail = prompt[prompt.index(_USER) + len(_USER):] if _USER in prompt else ""
+    if tail.strip() and tail.strip() in added:  # calls in a turn of their own: after its header
+        return added[added.rindex(tail.strip()) + len(tail.strip()):], False  # (gpt-oss)
+    if end.strip() and end.strip() in added:  # (Nemotron: a header of its own)
+        turn = added[added.index(end.strip()) + len(end.strip()):].lstrip()
+        return _after_header(turn, end.strip(), tail), False
+    return added, kept
+
+
+def _after_header(turn: str, end: str, prompt: str) -> str:
+    """A turn's text after the header the generation prompt writes for it."""
+    header = prompt[prompt.index(end) + len(end):].lstrip() if end in prompt else prompt.lstrip()
+    if header and turn.startswith(header):
+        return turn[len(header):]
+    at = len(os.path.commonprefix([turn, header]))  # noqa: RUF071 (text, not paths)
+    while not _clean(turn, at):
+        at -= 1
+    return turn[at:]
+
+
+def _json_at(text: str, start: int) -> tuple[Any, int] | None:
+    try:
+        return json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+        return None
+
+
+def _find_json(text: str, wanted: Any, start: int = 0) -> tuple[int, int] | None:
+    """The span of the first JSON value in `text` (from `start`) equal to `wanted`."""
+    for m in re.finditer(r"[{\[]", text[start:]):
+        found = _json_at(text, start + m.start())
+        if found is not None and found[0] == wanted:
+            return start + m.start(), found[1]
+    return None
+
+
+def _find_call_object(text: str, i: int, start: int = 0) -> tuple[int, int, dict[str, Any]] | None:
+    """A JSON object in `text` that holds call `i`'s name and arguments."""
+    for m in re.finditer(r"\{", text[start:]):
+        found = _json_at(text, start + m.start())
+        if found is None or not isinstance(found[0], dict):
+            continue
+        obj = found[0]
+        if obj == {NAMES[i]: ARGS[i]} or (NAMES[i] in obj.values() and ARGS[i] in obj.values()):
+            return start + m.start(), found[1], obj
+    return None
+
+
+@dataclass
+class _Call:
+    start: int  # where the call's own text begins (its name, or its JSON object)
+    end: int  # where its arguments end
+    name_close: str = ""  # between the name and the arguments
+    obj: dict[str, Any] | None = None  # the whole call as one JSON object
+    spans: tuple[tuple[int, int, int, int], ...] = ()  # each key's and value's span (pairs)
+
+
+def _locate(text: str, i: int, start: int = 0) -> _Call | None:
+    """Call `i` in `text`, from `start`."""
+    found = _find_call_object(text, i, start)
+    at = text.find(NAMES[i], start)
+    if found is not None and (at < 0 or found[0] <= at):
+        return _Call(found[0], found[1], obj=found[2])
+    if at < 0:
+        return None
+    after = at + len(NAMES[i])
+    args = _find_json(text, ARGS[i], after)
+    if args is not None:
+        return _Call(at, args[1], name_close=text[after:args[0]])
+    pos, spans = after, []
+    for key, value in ARGS[i].items():
+        written = value if isinstance(value, str) else json.dumps(value)
+        k = text.find(key, pos)
+        v = text.find(written, k + len(key)) if k >= 0 else -1
+        if v < 0:
+            return None
+        spans.append((k, k + len(key), v, v + len(written)))
+        pos = v + len(written)
+    return _Call(at, pos, spans=tuple(spans))
+
+
+def _suffix_in(text: str, of: str) -> str:
+    """The longest end of `of` that `text` ends with."""
+    n = len(os.path.commonprefix([text[::-1], of[::-1]]))  # noqa: RUF071 (text, not paths)
+    return of[len(of) - n:] if n else ""
+
+
+def _prefix_in(text: str, of: str) -> str:
+    return of[:len(os.path.commonprefix([text, of]))]  # noqa: RUF071
+
+
+def _split(junction: str, before: str, after: str) -> tuple[str, str, str]:
+    """`junction` (what stands between two items) as (the end of one item, a separator, the
+    start of the next), where an item starts as `before` ends and ends as `after` starts; of
+    the ways to cut it, one whose cuts fall between markers."""
+    ways = []
+    for n in range(len(_suffix_in(junction, before)), -1, -1):
+        start = junction[len(junction) - n:]
+        end = _prefix_in(junction[:len(junction) - n], after)
+        clean = _clean(junction, len(end)) + _clean(junction, len(junction) - n)
+        ways.append((clean, n, end, start))
+    _, _, end, start = max(ways)
+    return end, junction[len(end):len(junction) - len(start)], start
+
+
+def _learn_pairs(one: str, first: _Call, solo: str) -> tuple[Pairs, str, int] | None:
+    """The key/value markers from the one-argument call and the two-argument one (`solo`):
+    the pairs, the name's closing text and where the first call's arguments end."""
+    second = _locate(solo, 1) if solo else None
+    if second is None or len(second.spans) != 2 or len(first.spans) != 1:
+        return None
+    (k, k_end, v, v_end), = first.spans
+    head, after_key, rest = one[first.start + len(NAMES[0]):k], one[k_end:v], one[v_end:]
+    (_, kb_end, vb, vb_end), (kc, kc_end, vc, vc_end) = second.spans
+    if solo[kb_end:vb] != after_key:
+        return None
+    after_value, sep, before_key = _split(solo[vb_end:kc], head, rest)
+    tail = rest[len(after_value):]
+    rest_other = solo[vc_end:]
+    after_value_other = rest_other[:len(rest_other) - len(tail)] if rest_other.endswith(tail) else after_value
+    pairs = Pairs(before_key, {"string": after_key, "other": solo[kc_end:vc]},
+                  {"string": after_value, "other": after_value_other}, sep)
+    return pairs, head[:len(head) - len(before_key)], v_end + len(after_value)
+
+
+def _numbered(first: str, second: str) -> tuple[str, int] | None:
+    """`first` with the call's number as INDEX, where `second` (the next call's) differs from
+    it by that number alone; None where they differ otherwise."""
+    if first == second:
+        return first, 0
+    head = len(os.path.commonprefix([first, second]))  # noqa: RUF071
+    while head and first[head - 1].isdigit():
+        head -= 1
+    a, b = re.match(r"\d+", first[head:]), re.match(r"\d+", second[head:])
+    if a is None or b is None or int(b.group()) != int(a.group()) + 1:
+        return None
+    if first[head + a.end():] != second[head + b.end():]:
+        return None
+    return first[:head] + INDEX + first[head + a.end():], int(a.group())
+
+
+def _extras(obj: dict[str, Any], other: dict[str, Any] | None, keys: tuple[str, str]) -> tuple[
+        tuple[tuple[str, Any], ...], int]:
+    """A JSON call's keys besides the name and arguments: a constant, the call's id (ID) or its
+    number (INDEX, as the first call's base)."""
+    out, base = [], 0
+    for key, value in obj.items():
+        if key in keys or keys == ("", ""):
+            continue
+        if value == ID:
+            out.append((key, ID))
+        elif other is not None and str(value).isdigit() and str(other.get(key)) == str(int(value) + 1):
+            out.append((key, INDEX if isinstance(value, int) else INDEX + "s"))
+            base = int(value)
+        else:
+            out.append((key, value))
+    return tuple(out), base
+
+
+def _name_close(text: str, call: _Call, name: str, pairs: Pairs | None) -> str:
+    if pairs is None:
+        return call.name_close
+    head = text[call.start + len(name):call.spans[0][0]]
+    return head[:len(head) - len(pairs.before_key)]
+
+
+def _json_keys(obj: dict[str, Any]) -> tuple[str, str]:
+    if obj == {NAMES[0]: ARGS[0]}:
+        return "", ""
+    name = next(k for k, v in obj.items() if v == NAMES[0])
+    return name, next(k for k, v in obj.items() if v == ARGS[0])
+
+
+def _learn_calls(one: str, two: str, solo: str) -> ToolSyntax | None:
+    first = _locate(one, 0)
+    if first is None:
+        return None
+    pairs, index_base, extras, keys = None, 0, (), None
+    name_close, end = first.name_close, first.end
+    if first.spans:
+        learned = _learn_pairs(one, first, solo)
+        if learned is None:
+            return None
+        pairs, name_close, end = learned
+    pre, post = one[:first.start], one[end:]
+    a = _locate(two, 0) if two else None
+    b = _locate(two, 1, a.end) if a is not None else None
+    if a is None or b is None or bool(a.obj) != bool(first.obj):
+        keys = None if first.obj is None else _json_keys(first.obj)
+        return ToolSyntax(pre, "", name_close, "", "", post, keys, pairs=pairs, parallel=False)
+    a_end = a.end + (len(pairs.after_value["string"]) if pairs else 0)
+    b_end = b.end + (len(pairs.after_value["other"]) if pairs else 0)
+    call_close, call_sep, call_open = _split(two[a_end:b.start], pre, post)
+    if first.obj is not None:
+        keys = _json_keys(first.obj)
+        extras, index_base = _extras(a.obj or {}, b.obj, keys)
+    else:
+        numbered = _numbered(*(_name_close(two, c, NAMES[i], pairs) for i, c in enumerate((a, b))))
+        if numbered is None or (pairs and two[b_end:] != post):
+            return None
+        name_close, index_base = numbered
+    return ToolSyntax(pre[:len(pre) - len(call_open)], call_open, name_close, call_close, call_sep,
+                      post[len(call_close):], keys, extras, pairs, index_base)
