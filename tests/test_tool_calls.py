@@ -25,8 +25,8 @@ WITH_CALLS = (
     "StepFun3.5-Flash", "deepseek-ai-DeepSeek-V3.1", "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4",
     "deepseek-ai-DeepSeek-V4-Flash-0731", "google-gemma-4-31B-it", "meta-llama-Llama-3.2-3B-Instruct",
     "meta-llama-Llama-3.3-70B-Instruct", "mistralai-Ministral-3-14B-Reasoning-2512",
-    "mistralai-Mistral-Nemo-Instruct-2407", "moonshotai-Kimi-K2", "openbmb-MiniCPM5-1B", "poolside-Laguna-S-2.1",
-    "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2", "unsloth-mistral-Devstral-Small-2507",
+    "mistralai-Mistral-Nemo-Instruct-2407", "moonshotai-Kimi-K2", "openbmb-MiniCPM5-1B",
+    "poolside-Laguna-S-2.1", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2", "unsloth-mistral-Devstral-Small-2507",
     # tests/chat_templates
     "openai-gpt-oss-120b", "Qwen3.5-4B", "NVIDIA-Nemotron-Nano-v2", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
     "tencent-Hy3", "ibm-granite-granite-4.0", "meta-llama-Llama-3.1-8B-Instruct", "upstage-Solar-Open-100B",
@@ -50,7 +50,8 @@ def _tool(name: str, **types: str) -> dict:
 TOOLS = [_tool("get_weather", city="string", days="integer"),
          _tool("search", query="string", limit="integer", exact="boolean", tags="array")]
 CALLS = [("get_weather", {"city": "Paris, France", "days": 3}),
-         ("search", {"query": 'a "quoted" word\nover two lines', "limit": 5, "exact": True, "tags": ["x", "y"]})]
+         ("search", {"query": 'a "quoted" word\nover two lines', "limit": 5, "exact": True,
+                     "tags": ["x", "y"]})]
 
 
 def _openai(calls: list) -> list[dict]:
@@ -115,7 +116,8 @@ def test_text_that_only_looks_like_a_call_stays_content(name, text):
 
 def test_an_id_the_model_writes_is_the_calls_id():
     syntax = learn(_template("Mistral-Small-3.2-24B-Instruct-2506"), bos_token="<s>", eos_token="</s>")
-    assert _read(syntax, ['[TOOL_CALLS]get_weather[CALL_ID]Zx9Yw8Vu7[ARGS]{"city": "Oslo"}'])[2] == ["Zx9Yw8Vu7"]
+    text = '[TOOL_CALLS]get_weather[CALL_ID]Zx9Yw8Vu7[ARGS]{"city": "Oslo"}'
+    assert _read(syntax, [text])[2] == ["Zx9Yw8Vu7"]
 
 
 def test_nothing_of_a_call_is_content_while_it_streams():
