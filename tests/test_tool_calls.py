@@ -26,7 +26,8 @@ WITH_CALLS = (
     "deepseek-ai-DeepSeek-V4-Flash-0731", "google-gemma-4-31B-it", "meta-llama-Llama-3.2-3B-Instruct",
     "meta-llama-Llama-3.3-70B-Instruct", "mistralai-Ministral-3-14B-Reasoning-2512",
     "mistralai-Mistral-Nemo-Instruct-2407", "moonshotai-Kimi-K2", "openbmb-MiniCPM5-1B",
-    "poolside-Laguna-S-2.1", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2", "unsloth-mistral-Devstral-Small-2507",
+    "poolside-Laguna-S-2.1", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2",
+    "unsloth-mistral-Devstral-Small-2507",
     # tests/chat_templates
     "openai-gpt-oss-120b", "Qwen3.5-4B", "NVIDIA-Nemotron-Nano-v2", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
     "tencent-Hy3", "ibm-granite-granite-4.0", "meta-llama-Llama-3.1-8B-Instruct", "upstage-Solar-Open-100B",
