@@ -180,6 +180,15 @@ def reasoning_format(model: Model, template: str | None = None) -> Any:
     return detect(source, **_template_tokens(model)) if source else None
 
 
+def tool_syntax(model: Model, template: str | None = None) -> Any:
+    """How `template` (default: the model's own) writes tool calls
+    (runtime/tool_syntax.ToolSyntax), or None: no template, or no calls in it."""
+    from infer.runtime.tool_syntax import learn
+
+    source = template if template is not None else model.chat_template()
+    return learn(source, **_template_tokens(model)) if source else None
+
+
 def _template_tokens(model: Model) -> dict[str, str]:
     """The BOS and EOS texts a chat template is given."""
     return {"bos_token": model.special_token_text(model.bos) if model.bos >= 0 else "",

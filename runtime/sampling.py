@@ -104,7 +104,7 @@ UNSUPPORTED_SCHEMA_KEYWORDS = frozenset({
 _SCHEMA_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required"})
 
 
-def _unsupported_keywords(node: Any, where: str = "") -> list[str]:
+def unsupported_keywords(node: Any, where: str = "") -> list[str]:
     found: list[str] = []
     if isinstance(node, dict):
         for key, value in node.items():
@@ -112,10 +112,10 @@ def _unsupported_keywords(node: Any, where: str = "") -> list[str]:
             if key in UNSUPPORTED_SCHEMA_KEYWORDS and where.rsplit(".", 1)[-1] != "properties":
                 found.append(here)
             elif key not in _SCHEMA_DATA_KEYWORDS:
-                found += _unsupported_keywords(value, here)
+                found += unsupported_keywords(value, here)
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            found += _unsupported_keywords(value, f"{where}[{i}]")
+            found += unsupported_keywords(value, f"{where}[{i}]")
     return found
 
 
@@ -127,7 +127,7 @@ def json_schema_to_grammar(schema_text: str) -> str:
         raise UsageError(f"the JSON schema is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
         raise UsageError("the JSON schema must be a JSON object")
-    unsupported = _unsupported_keywords(schema)
+    unsupported = unsupported_keywords(schema)
     if unsupported:
         raise UsageError(
             f"unsupported JSON schema keyword(s) {', '.join(unsupported)}: "

@@ -73,9 +73,11 @@ def plan_thinking(model: Any, prompt_text: str, tokens: Sequence[int], *, templa
 
 
 def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, template: str | None = None,
-                    request: ThinkingRequest | None = None) -> ThinkingPrompt:
-    """Render `messages` (with the template's thinking switches as `request` asks) and plan
-    the reply's thinking: what `infer run`, `infer chat`, `infer batch` and the server share."""
+                    request: ThinkingRequest | None = None,
+                    tools: Sequence[Mapping[str, Any]] = ()) -> ThinkingPrompt:
+    """Render `messages` (with the template's thinking switches as `request` asks, and the
+    `tools` the reply may call) and plan the reply's thinking: what `infer run`, `infer chat`,
+    `infer batch` and the server share."""
     from infer.runtime.prompt import chat_prompt, template_variables
 
     request = request or ThinkingRequest()
@@ -85,6 +87,8 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
                 if m.get("reasoning_content") else m for m in messages]
     variables, note = template_variables(model, template=template, think=request.think,
                                          extra=request.variables)
+    if tools:
+        variables = {"tools": [dict(t) for t in tools], **variables}
     prompt = chat_prompt(model, messages, template=template, variables=variables)
     tokens, plan, budget_note = plan_thinking(model, prompt.text, prompt.tokens, template=template,
                                               budget=request.budget)

@@ -136,6 +136,8 @@ class CallReader:
         if self.syntax.json_keys is not None:
             pos = self._json_call(text, pos, out, final)
             return self._expect(self.call_close, text, pos, final)
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
         m = _NAME.match(text, pos)
         if m is None:
             raise _Partial if pos >= len(text.rstrip()) else _Fail

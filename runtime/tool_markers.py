@@ -33,7 +33,12 @@ class Marker:
         return any(kind != "ws" for kind, _ in self.pieces)
 
     def match(self, text: str, pos: int, found: dict[str, str] | None = None) -> int:
-        """Where a match at `pos` ends, or PARTIAL or FAIL; a number or id seen goes into `found`."""
+        """Where a match at `pos` ends, or PARTIAL or FAIL; a number or id seen goes into `found`.
+        Blank space before a marker is passed over (a model may write a space where its template
+        writes none: after a JSON object, before a closing tag)."""
+        if self.pieces and self.pieces[0][0] != "ws":
+            while pos < len(text) and text[pos] in " \t":
+                pos += 1
         for kind, part in self.pieces:
             if kind == "ws":
                 while pos < len(text) and text[pos].isspace():

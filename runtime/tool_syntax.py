@@ -15,9 +15,8 @@ writes its calls in a known shape works:
   ``<parameter=KEY>``, GLM's ``<arg_key>``, MiniMax's ``<parameter name="KEY">``, DeepSeek
   V3.2's DSML, Seed-OSS, MiniCPM, LFM2's ``NAME(key='value')``).
 
-What stands around the calls (a section's markers), around each call and between them, and
-the parts that count the calls (Kimi's ``:0``, ``:1``) or carry the call's id, are read from
-the difference between the one-call and the two-call renderings.
+What stands around the calls, around each and between them, and the parts that count the
+calls (Kimi's ``:0``) or carry a call's id, come from comparing the renderings.
 """
 
 from __future__ import annotations
@@ -40,12 +39,10 @@ INDEX, ID = "\ue001", "\ue000"  # where a call's number or its id stands in lear
 
 
 def probe_tools() -> list[dict[str, Any]]:
-    def tool(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
-        props = {k: {"type": "string" if isinstance(v, str) else "integer"} for k, v in args.items()}
-        return {"type": "function", "function": {"name": name, "description": "A probe.",
-                                                 "parameters": {"type": "object", "properties": props,
-                                                                "required": list(args)}}}
-    return [tool(n, a) for n, a in zip(NAMES, ARGS, strict=True)]
+    return [{"type": "function", "function": {"name": name, "description": "A probe.", "parameters": {
+        "type": "object", "required": list(args),
+        "properties": {k: {"type": "string" if isinstance(v, str) else "integer"} for k, v in args.items()}}}}
+        for name, args in zip(NAMES, ARGS, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -78,6 +75,7 @@ class ToolSyntax:
     section_close: str
     json_keys: tuple[str, str] | None = None
     extras: tuple[tuple[str, Any], ...] = ()
+    json_order: tuple[str, ...] = ()  # a JSON call's keys in the order the template writes them
     pairs: Pairs | None = None
     index_base: int = 0
     parallel: bool = True
@@ -90,7 +88,7 @@ class ToolSyntax:
         start = (self.section_open + self.call_open).strip()
         if start or self.json_keys is None:
             return start.split(INDEX)[0].split(ID)[0]
-        return '{"' + self.json_keys[0] + '"' if self.json_keys[0] else "{"
+        return '{ "' + self.json_keys[0] + '"' if self.json_keys[0] else "{"  # (any space after "{")
 
 
 def _call(i: int, n: int, arguments: Any) -> dict[str, Any]:
@@ -382,7 +380,9 @@ def _learn_calls(one: str, two: str, solo: str) -> ToolSyntax | None:
     b = _locate(two, 1, a.end) if a is not None else None
     if a is None or b is None or bool(a.obj) != bool(first.obj):
         keys = None if first.obj is None else _json_keys(first.obj)
-        return ToolSyntax(pre, "", name_close, "", "", post, keys, pairs=pairs, parallel=False)
+        order = tuple(first.obj) if first.obj is not None else ()
+        return ToolSyntax(pre, "", name_close, "", "", post, keys, json_order=order, pairs=pairs,
+                          parallel=False)
     a_end = a.end + (len(pairs.after_value["string"]) if pairs else 0)
     b_end = b.end + (len(pairs.after_value["other"]) if pairs else 0)
     call_close, call_sep, call_open = _split(two[a_end:b.start], pre, post)
@@ -394,5 +394,6 @@ def _learn_calls(one: str, two: str, solo: str) -> ToolSyntax | None:
         if numbered is None or (pairs and two[b_end:] != post):
             return None
         name_close, index_base = numbered
+    order = tuple(first.obj) if first.obj is not None else ()
     return ToolSyntax(pre[:len(pre) - len(call_open)], call_open, name_close, call_close, call_sep,
-                      post[len(call_close):], keys, extras, pairs, index_base)
+                      post[len(call_close):], keys, extras, order, pairs, index_base)

@@ -42,11 +42,13 @@ class Generations:
         body = schema.parse_body(await read_body(http))
         gen = schema.parse_generation(body, chat=chat)
         served = await self.pool.get(gen.model)
-        tokens, params, checkpoint, thinking = await asyncio.to_thread(prepare, served, gen, self.config)
+        ready = await asyncio.to_thread(prepare, served, gen, self.config)
+        thinking = ready.thinking
         mailbox = Mailbox(asyncio.get_running_loop())
-        requests = _submit(served, gen, tokens, params, mailbox, checkpoint=checkpoint,
+        requests = _submit(served, gen, ready.tokens, ready.params, mailbox, checkpoint=ready.checkpoint,
                            thinking=thinking.plan if thinking is not None else None)
-        reply = Reply(served, gen, len(tokens), self.metrics.of(served.name), thinking=thinking)
+        reply = Reply(served, gen, len(ready.tokens), self.metrics.of(served.name), thinking=thinking,
+                      calls=ready.calls)
         gone = functools.partial(self._abandon, reply, mailbox, requests, served)
         if gen.stream:
             return sse_response(stream(reply, mailbox, len(requests), gone))

@@ -4,7 +4,7 @@ can be seen before the engine starts is a 400 here, before a stream starts."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from infer.runtime.errors import InferError
 from infer.runtime.log import logger
@@ -18,24 +18,35 @@ from infer.server.models import Served
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from infer.runtime.thinking_prompt import ThinkingPrompt
+    from infer.runtime.tool_syntax import ToolSyntax
 
 log = logger("infer.server")
 
-def prepare(served: Served, gen: schema.Generation,
-            config: Config) -> tuple[list[int], SamplingParams, int, ThinkingPrompt | None]:
-    """The prompt's tokens, the sampling parameters, the prompt cache's checkpoint and a chat's
-    rendering with its thinking plan (runtime/thinking.py) (off the event loop: templates and
-    tokenizing a long prompt take time)."""
+class Prepared(NamedTuple):
+    tokens: list[int]
+    params: SamplingParams
+    checkpoint: int  # where the prompt cache may save the prompt's state
+    thinking: ThinkingPrompt | None  # a chat's rendering with its thinking plan
+    calls: ToolSyntax | None  # how the model writes tool calls, where the reply may call tools
+
+
+def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
+    """The prompt's tokens, the sampling parameters, the prompt cache's checkpoint, a chat's
+    rendering with its thinking plan (runtime/thinking.py) and, where the reply may call tools,
+    how the model writes calls (off the event loop: templates and tokenizing a long prompt
+    take time)."""
     from infer.runtime.thinking_prompt import thinking_prompt
 
     model = served.model
-    thinking = None
+    thinking = syntax = None
     try:
         params = SamplingParams.resolve(served.opened.sampling_defaults,
                                         {**dict(config.sampling), **gen.overrides})
         if gen.chat:
+            syntax = _tool_syntax(served, gen, config)
             thinking = thinking_prompt(model, list(gen.messages), template=config.chat_template,
-                                       request=gen.thinking)
+                                       request=gen.thinking, tools=gen.tools.tools if syntax else ())
+            params = _forced_calls(params, syntax, gen)
             tokens = thinking.tokens
             for note in thinking.notes:
                 log.info("%s", note)
@@ -72,7 +83,38 @@ def prepare(served: Served, gen: schema.Generation,
                       f"may use {limit} (the context of {served.engine.context.n_ctx} tokens shared by "
                       f"{served.engine.parallel} parallel slots)", code="context_length_exceeded")
     variables = thinking.variables if thinking is not None else {}
-    return tokens, params, _checkpoint(served, gen, tokens, config, variables), thinking
+    return Prepared(tokens, params, _checkpoint(served, gen, tokens, config, variables), thinking, syntax)
+
+
+def _forced_calls(params: SamplingParams, syntax: ToolSyntax | None,
+                  gen: schema.Generation) -> SamplingParams:
+    """`tool_choice: required` or a named function: a grammar whose only sentences are calls."""
+    if syntax is None or gen.tools.choice not in ("required", "function"):
+        return params
+    from dataclasses import replace
+
+    from infer.runtime.tool_grammar import calls_grammar
+
+    if params.effective_grammar is not None:
+        raise invalid("tool_choice", f"tool_choice {gen.tools.choice!r} constrains the reply to tool "
+                      "calls: it cannot go with a grammar or response_format")
+    try:
+        grammar = calls_grammar(syntax, gen.tools.tools, name=gen.tools.name, parallel=gen.tools.parallel)
+    except InferError as e:
+        raise invalid("tools", str(e)) from None
+    return replace(params, grammar=grammar)
+
+
+def _tool_syntax(served: Served, gen: schema.Generation, config: Config) -> ToolSyntax | None:
+    """How the model writes tool calls, where the request lets the reply call its tools."""
+    if not gen.tools.active:
+        return None
+    from infer.runtime.prompt import tool_syntax
+
+    syntax = tool_syntax(served.model, config.chat_template)
+    if syntax is None:
+        raise invalid("tools", "this model's chat template writes no tool calls that infer can read")
+    return syntax
 
 
 def _checkpoint(served: Served, gen: schema.Generation, tokens: list[int], config: Config,

@@ -9,6 +9,7 @@ from typing import Any
 
 from infer.runtime.reasoning import ReasoningSplitter, reasoning_tokens
 from infer.runtime.request import Delta, Outcome, TokenLogprob
+from infer.runtime.tool_stream import CallStarted, ToolCallStream
 from infer.server import schema
 from infer.server.metrics import ModelMetrics
 from infer.server.models import Served
@@ -20,7 +21,7 @@ class Reply:
     """The choices of one response as they grow, in OpenAI's shapes."""
 
     def __init__(self, served: Served, gen: schema.Generation, prompt_tokens: int,
-                 metrics: ModelMetrics, thinking: Any = None) -> None:
+                 metrics: ModelMetrics, thinking: Any = None, calls: Any = None) -> None:
         self.served, self.gen, self.metrics = served, gen, metrics
         self.model = served.name
         self.id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -43,23 +44,35 @@ class Reply:
         self.reasonings = [""] * gen.n
         self.reasoning_tokens = 0
         self.flushed: set[int] = set()
+        # Tool calls: each choice's content read for calls (`calls`: the model's ToolSyntax)
+        self.calls: list[ToolCallStream] | None = None
+        if calls is not None:
+            self.calls = [ToolCallStream(calls, gen.tools.tools, single=not gen.tools.parallel)
+                          for _ in range(gen.n)]
 
     def add(self, choice: int, delta: Delta) -> None:
         self._take(choice, *self._split(choice, delta.text))
         self.logprobs[choice] += delta.logprobs
 
-    def _split(self, choice: int, text: str) -> tuple[str, str]:
-        """The reasoning and the content of a choice's new text."""
-        return self.splits[choice].feed(text) if self.splits is not None else ("", text)
+    def _split(self, choice: int, text: str) -> tuple[str, str, list[Any]]:
+        """The reasoning, the content and the tool-call events of a choice's new text."""
+        reasoning, content = self.splits[choice].feed(text) if self.splits is not None else ("", text)
+        if not self.calls:
+            return reasoning, content, []
+        return (reasoning, *_parts(self.calls[choice].feed(content)))
 
-    def _flush(self, choice: int) -> tuple[str, str]:
-        """What a choice's splitter still held (once: at its end)."""
-        if self.splits is None or choice in self.flushed:
-            return "", ""
+    def _flush(self, choice: int) -> tuple[str, str, list[Any]]:
+        """What a choice's splitters still held (once: at its end)."""
+        if choice in self.flushed:
+            return "", "", []
         self.flushed.add(choice)
-        return self.splits[choice].finish()
+        reasoning, content = self.splits[choice].finish() if self.splits is not None else ("", "")
+        if not self.calls:
+            return reasoning, content, []
+        stream = self.calls[choice]
+        return (reasoning, *_parts([*stream.feed(content), *stream.finish()]))
 
-    def _take(self, choice: int, reasoning: str, content: str) -> None:
+    def _take(self, choice: int, reasoning: str, content: str, _calls: Any = None) -> None:
         self.reasonings[choice] += reasoning
         self.texts[choice] += content
 
@@ -72,6 +85,8 @@ class Reply:
             self.finish[choice] = "length"
             return
         self.finish[choice] = FINISH.get(completion.finish_reason, "stop")
+        if self.calls and self._done_calls(choice) and self.finish[choice] == "stop":
+            self.finish[choice] = "tool_calls"
         self.tokens[choice] = completion.tokens
         self.completion_tokens += completion.usage.completion_tokens
         if self.splits is not None and self.reasonings[choice]:
@@ -162,25 +177,34 @@ class Reply:
                     "finish_reason": finish}
         return self._body(self._chunk_kind(), [body], usage=False)
 
+    def _done_calls(self, choice: int) -> list[Any]:
+        return [c for c in self.calls[choice].calls if c.done] if self.calls else []
+
     def _message(self, choice: int) -> dict[str, Any]:
-        message = {"role": "assistant", "content": self.texts[choice]}
+        calls = self._done_calls(choice)
+        content = self.texts[choice]
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": content.strip() or None if calls else content}
         if self.reasonings[choice]:  # (llama-server's and vLLM's field)
             message["reasoning_content"] = self.reasonings[choice]
+        if calls:
+            message["tool_calls"] = [c.as_openai() for c in calls]
         return message
 
     def delta_chunks(self, choice: int, delta: Delta) -> list[dict[str, Any]]:
-        """The chunk of a Delta: its content, and a thinking model's reasoning apart (none while
-        a marker may be starting)."""
-        if self.splits is None:
+        """The chunks of a Delta: its content, a thinking model's reasoning apart, and tool
+        calls (none while a marker may be starting)."""
+        if self.splits is None and self.calls is None:
             return [self.chunk(choice, {"content": delta.text}, logprobs=self._logprobs(delta.logprobs))]
         return self._split_chunks(choice, *self._split(choice, delta.text), delta.logprobs)
 
-    def _split_chunks(self, choice: int, reasoning: str, content: str,
+    def _split_chunks(self, choice: int, reasoning: str, content: str, calls: list[Any],
                       logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
         fields = {**({"reasoning_content": reasoning} if reasoning else {}),
                   **({"content": content} if content else {})}
         self._take(choice, reasoning, content)
-        return [self.chunk(choice, fields, logprobs=self._logprobs(logprobs))] if fields or logprobs else []
+        chunks = [self.chunk(choice, fields, logprobs=self._logprobs(logprobs))] if fields or logprobs else []
+        return chunks + [self.chunk(choice, {"tool_calls": [_call_delta(e)]}) for e in calls]
 
     def end_chunks(self, choice: int, outcome: Outcome) -> list[dict[str, Any]]:
         """What a choice's splitter still held, then its end."""
@@ -190,6 +214,19 @@ class Reply:
 
     def usage_chunk(self) -> dict[str, Any]:
         return self._body(self._chunk_kind(), [], usage=True)
+
+
+def _parts(events: list[Any]) -> tuple[str, list[Any]]:
+    """Tool-call events apart from the content among them."""
+    return "".join(e for e in events if isinstance(e, str)), [e for e in events if not isinstance(e, str)]
+
+
+def _call_delta(event: Any) -> dict[str, Any]:
+    """A tool call's start (its id and name) or a piece of its arguments, as OpenAI streams them."""
+    if isinstance(event, CallStarted):
+        return {"index": event.index, "id": event.id, "type": "function",
+                "function": {"name": event.name, "arguments": ""}}
+    return {"index": event.index, "function": {"arguments": event.text}}
 
 
 def _offsets(pieces: list[str]) -> list[int]:

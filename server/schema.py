@@ -16,6 +16,7 @@ from typing import Any
 from infer.runtime.request_params import PARAMS, SAMPLING, Param, out_of_range
 from infer.runtime.thinking_prompt import ThinkingRequest
 from infer.server.errors import ApiError, invalid, unsupported
+from infer.server.tool_request import ToolRequest, assistant_calls, parse_tools, tool_result
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
 MAX_N = 16  # choices per request
@@ -29,7 +30,7 @@ class Generation:
 
     chat: bool  # /v1/chat/completions (messages) or /v1/completions (prompt)
     model: str | None
-    messages: tuple[dict[str, str], ...] = ()  # role, content (and an assistant's reasoning)
+    messages: tuple[dict[str, Any], ...] = ()  # role, content (an assistant's reasoning, calls; results)
     prompt: str | tuple[int, ...] = ""
     stream: bool = False
     include_usage: bool = False
@@ -38,6 +39,7 @@ class Generation:
     sampling: tuple[tuple[str, Any], ...] = ()  # SamplingParams fields the request sets
     return_tokens: bool = False  # llama-server's extension: the generated token ids in each choice
     thinking: ThinkingRequest = field(default_factory=ThinkingRequest)  # a thinking model's settings
+    tools: ToolRequest = field(default_factory=ToolRequest)  # tools the reply may call
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -63,7 +65,6 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 # Refused: what infer cannot do. (name -> what it is, for the message)
 _UNSUPPORTED = {
-    "tools": "tool calling", "functions": "function calling", "function_call": "function calling",
     "audio": "audio output", "prediction": "predicted outputs", "web_search_options": "web search",
     "suffix": "a suffix (insertion)", "echo": "echoing the prompt",
 }
@@ -83,7 +84,6 @@ def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
         if _given(body.get(name)) and not (name == "echo" and body[name] is False):
             raise unsupported(name, what)
     if chat:
-        _check_tool_choice(body)
         modalities = body.get("modalities")
         if modalities is not None and modalities != ["text"]:
             raise unsupported("modalities", "output other than text")
@@ -126,7 +126,11 @@ def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
                               "return_tokens": bool(_optional(body, "return_tokens", bool))}
     thinking = _thinking(body)
     if chat:
-        return Generation(chat=True, messages=_messages(body.get("messages")), thinking=thinking, **common)
+        return Generation(chat=True, messages=_messages(body.get("messages")), thinking=thinking,
+                          tools=parse_tools(body), **common)
+    for name in ("tools", "tool_choice"):
+        if body.get(name) is not None:
+            raise invalid(name, f"{name} applies to chat completions")
     if thinking != ThinkingRequest():
         name = next(n for n in _THINKING_NAMES if body.get(n) is not None)
         raise invalid(name, f"{name} applies to chat completions, whose chat template renders the prompt")
@@ -163,12 +167,6 @@ def _thinking(body: dict[str, Any]) -> ThinkingRequest:
         raise invalid("reasoning_format", "reasoning_format must be one of "
                       f"{', '.join(PARAMS['reasoning_format'].choices)}")
     return ThinkingRequest(think, variables or {}, budget, shape != "none")
-
-
-def _check_tool_choice(body: dict[str, Any]) -> None:
-    choice = body.get("tool_choice")
-    if choice is not None and choice != "none":
-        raise unsupported("tool_choice", "tool calling")
 
 
 def _given(value: Any) -> bool:
@@ -302,7 +300,8 @@ def _chat_logprobs(body: dict[str, Any]) -> int | None:
 def _messages(value: Any) -> tuple[dict[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise invalid("messages", "messages must be a non-empty array")
-    out = []
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # a call's id -> its function's name
     for i, m in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -310,11 +309,17 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
         role = m.get("role")
         if role == "developer":
             role = "system"
-        if role == "tool" or m.get("tool_calls") or m.get("function_call"):
-            raise unsupported(where, "a tool message or tool call")
-        if role not in ("system", "user", "assistant"):
-            raise invalid(f"{where}.role", f"{where}.role must be system, developer, user or assistant")
-        message = {"role": role, "content": _content(m.get("content"), f"{where}.content")}
+        if m.get("function_call"):
+            raise unsupported(f"{where}.function_call", "the legacy function-calling API (use tool_calls)")
+        if role not in ("system", "user", "assistant", "tool"):
+            raise invalid(f"{where}.role", f"{where}.role must be system, developer, user, assistant or tool")
+        calls = assistant_calls(m, where) if role == "assistant" and m.get("tool_calls") is not None else []
+        content = m.get("content")
+        message = {**(tool_result(m, where, names) if role == "tool" else {"role": role}),
+                   "content": "" if content is None and calls else _content(content, f"{where}.content")}
+        if calls:
+            message["tool_calls"] = calls
+            names.update((c["id"], c["function"]["name"]) for c in calls)
         reasoning = _history_reasoning(m, where) if role == "assistant" else None
         if reasoning is not None:
             message["reasoning_content"] = reasoning

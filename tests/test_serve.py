@@ -223,7 +223,11 @@ HOSTILE = [
     (b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content"),
     (b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
      400, "messages[0].content[0].type"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400, "tools"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400,
+     "tools[0].function.name"),
+    # (SmolLM2's own chat template writes no tool calls)
+    (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": '
+     b'{"name": "f"}}]}', 400, "tools"),
     (b'{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= ("}', 400, "grammar"),
     (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
      b'"json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}',

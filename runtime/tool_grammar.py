@@ -1,0 +1,184 @@
+"""A GBNF grammar whose only sentences are tool calls in a template's syntax (issue 33), for
+`tool_choice: required` or one named function: the markers as the template writes them, a
+tool's name, and arguments that validate against its JSON schema (llama.cpp's schema converter
+writes their rules). Where arguments are keys and values between markers, a string value is
+any text without the marker that ends it, any other value JSON of its schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from infer.runtime.errors import UsageError
+from infer.runtime.tool_syntax import ID, INDEX, Pairs, ToolSyntax
+
+_SLOTS = {INDEX: "[0-9]+", ID: "[a-zA-Z0-9]{9}"}
+
+
+def literal(text: str, index: int | None = None) -> str:
+    """`text` as GBNF: quoted pieces, with a call's number (`index` where known) or id as the
+    characters they take."""
+    if index is not None:
+        text = text.replace(INDEX, str(index))
+    parts, piece = [], ""
+    for ch in text:
+        if ch in _SLOTS:
+            if piece:
+                parts.append(json.dumps(piece, ensure_ascii=False))
+            parts.append(_SLOTS[ch])
+            piece = ""
+        else:
+            piece += ch
+    if piece or not parts:
+        parts.append(json.dumps(piece, ensure_ascii=False))
+    return " ".join(parts)
+
+
+def calls_grammar(syntax: ToolSyntax, tools: Sequence[Mapping[str, Any]], *, name: str | None = None,
+                  parallel: bool = True) -> str:
+    """The grammar of one call (or, `parallel` where the template writes several, one or more)
+    of `tools` (only `name` where given)."""
+    from infer.runtime.llama import load_bindings_module
+
+    module = load_bindings_module("llama_grammar")
+    converter = module.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    rules: dict[str, str] = {}
+    bodies = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function", tool)
+        if name is not None and fn["name"] != name:
+            continue
+        try:
+            bodies.append(_call_body(converter, rules, syntax, i, fn))
+        except UsageError:
+            raise
+        except Exception as e:  # (the converter raises bare exceptions for what it cannot do)
+            raise UsageError(f"the parameters of tool {fn['name']!r} cannot be enforced: {e}") from None
+    if not bodies:
+        raise UsageError(f"no tool named {name!r}")
+    first = literal((syntax.section_open + syntax.call_open).lstrip())
+    last = literal((syntax.call_close + syntax.section_close).rstrip())
+    between = literal(syntax.call_close + syntax.call_sep + syntax.call_open)
+    numbered = any(INDEX in text for text in (syntax.name_close, *(str(v) for _, v in syntax.extras)))
+    if not numbered:
+        rules["call"] = " | ".join(bodies)
+        more = f" ({between} call)*" if parallel and syntax.parallel else ""
+        rules["root"] = f"{first} call{more} {last}"
+    else:  # (each call's number written out: the first calls, up to 8)
+        for n in range(8 if parallel and syntax.parallel else 1):
+            rules[f"call-n{n}"] = " | ".join(f"{b}-n{n}" for b in bodies)
+            for b in bodies:
+                rules[f"{b}-n{n}"] = rules[b].replace(_SLOTS[INDEX], literal(INDEX, syntax.index_base + n))
+        calls = ""
+        for n in range(7 if parallel and syntax.parallel else 0, 0, -1):
+            calls = f" ({between} call-n{n}{calls})?"
+        rules["root"] = f"{first} call-n0{calls} {last}"
+    grammar = "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n" + converter.format_grammar()
+    # (the port lets raw control characters into JSON strings, which JSON forbids)
+    return grammar.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')
+
+
+def _schema_rule(converter: Any, schema: Any, rule: str) -> str:
+    from infer.runtime.sampling import unsupported_keywords
+
+    unsupported = unsupported_keywords(schema)
+    if unsupported:
+        raise UsageError(f"unsupported JSON schema keyword(s) {', '.join(unsupported)}")
+    return str(converter.visit(converter.resolve_refs(schema, "tools"), rule))
+
+
+def _seq(*parts: str) -> str:
+    """GBNF items in sequence, empty literals left out."""
+    return " ".join(p for p in parts if p and p != '""') or '""'
+
+
+def _call_body(converter: Any, rules: dict[str, str], syntax: ToolSyntax, i: int,
+               fn: Mapping[str, Any]) -> str:
+    schema = fn.get("parameters") or {"type": "object", "properties": {}}
+    rule, named = f"call-{i}", _seq(literal(fn["name"]), literal(syntax.name_close))
+    if syntax.pairs is not None:
+        rules[rule] = _seq(named, _pairs(converter, rules, syntax.pairs, i, schema))
+        return rule
+    args = _schema_rule(converter, schema, f"tool-{i}-arguments")
+    if syntax.json_keys is None:
+        rules[rule] = _seq(named, args)
+        return rule
+    name_key, args_key = syntax.json_keys
+    if not name_key:  # ({"NAME": {...}}: Apertus')
+        rules[rule] = f'"{{" space {literal(json.dumps(fn["name"]))} space ":" space {args} space "}}"'
+        return rule
+    extras = dict(syntax.extras)
+    fields = [f'{literal(json.dumps(key))} space ":" space '
+              + (literal(json.dumps(fn["name"])) if key == name_key else args if key == args_key
+                 else _extra(extras.get(key))) + " space"
+              for key in syntax.json_order or (name_key, args_key)]
+    rules[rule] = '"{" space ' + ' "," space '.join(fields) + ' "}"'
+    return rule
+
+
+def _extra(value: Any) -> str:
+    if value == ID:
+        return f'"\\"" {_SLOTS[ID]} "\\""'
+    if value == INDEX:
+        return _SLOTS[INDEX]
+    if value == INDEX + "s":
+        return f'"\\"" {_SLOTS[INDEX]} "\\""'
+    return literal(json.dumps(value))
+
+
+def _pairs(converter: Any, rules: dict[str, str], pairs: Pairs, i: int, schema: Mapping[str, Any]) -> str:
+    """The arguments as keys and values: the required ones, then any of the others, in the
+    schema's order."""
+    props = schema.get("properties") or {}
+    required = [k for k in props if k in (schema.get("required") or ())]
+    optional = [k for k in props if k not in required]
+    items = {key: _pair(converter, rules, pairs, i, key, props[key]) for key in props}
+    sep = literal(pairs.sep) if pairs.sep else ""
+
+    def after(keys: list[str]) -> list[str]:  # (each of `keys` or none, each after a separator)
+        return [f"({_seq(sep, items[k])})?" for k in keys]
+
+    if required:
+        return _seq(items[required[0]], *(_seq(sep, items[k]) for k in required[1:]), *after(optional))
+    if not optional:
+        return '""'
+    ways = [_seq(items[k], *after(optional[n + 1:])) for n, k in enumerate(optional)]
+    return "(" + " | ".join(ways) + ")?"
+
+
+def _pair(converter: Any, rules: dict[str, str], pairs: Pairs, i: int, key: str, schema: Any) -> str:
+    kind = "string" if isinstance(schema, dict) and schema.get("type") == "string" else "other"
+    rule = f"tool-{i}-value-{len(rules)}"
+    if kind == "string":
+        rules[rule] = _raw_string(schema, pairs.after_value["string"].strip())
+    else:
+        rule = _schema_rule(converter, schema if isinstance(schema, dict) else {}, rule)
+    return _seq(literal(pairs.before_key), literal(key), literal(pairs.after_key[kind]), rule,
+                literal(pairs.after_value[kind]))
+
+
+def _raw_string(schema: Mapping[str, Any], end: str) -> str:
+    """A string value written as is: one of its `enum` (or its `const`), at most `maxLength`
+    characters, or any text without the marker that ends it."""
+    choices = schema.get("enum") if isinstance(schema.get("enum"), list) else \
+        [schema["const"]] if isinstance(schema.get("const"), str) else None
+    if choices and all(isinstance(c, str) for c in choices):
+        return " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+    if isinstance(schema.get("maxLength"), int) and end:
+        return f"[^{_in_class(end[0])}]{{0,{schema['maxLength']}}}"
+    return _without(end)
+
+
+def _without(marker: str) -> str:
+    """Any text in which `marker` does not stand (nor ends it with a part of the marker)."""
+    if not marker:
+        return '[^\\n]*'
+    ways = [_seq(json.dumps(marker[:j], ensure_ascii=False) if j else "", f"[^{_in_class(marker[j])}]")
+            for j in range(len(marker))]
+    return "(" + " | ".join(ways) + ")*"
+
+
+def _in_class(ch: str) -> str:
+    return "\\" + ch if ch in "]\\^-[" else json.dumps(ch, ensure_ascii=False)[1:-1]

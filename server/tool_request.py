@@ -1,0 +1,124 @@
+"""The tool-calling fields of a chat request, checked (issue 33): `tools` (function tools with
+JSON-schema parameters), `tool_choice` (auto, none, required, or one function by name),
+`parallel_tool_calls`, and a history's assistant turns with `tool_calls` and `role: "tool"`
+results, made into the messages chat templates read (arguments as objects, a result's function
+name beside its call id)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from infer.server.errors import invalid, unsupported
+
+_NAME = re.compile(r"[A-Za-z0-9_\-.]{1,64}")
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """A request's tools. `choice`: "auto", "none", "required" or "function" (then `name`)."""
+
+    tools: tuple[dict[str, Any], ...] = ()
+    choice: str = "auto"
+    name: str | None = None
+    parallel: bool = True
+
+    @property
+    def active(self) -> bool:
+        """Whether the reply may hold calls."""
+        return bool(self.tools) and self.choice != "none"
+
+
+def parse_tools(body: dict[str, Any]) -> ToolRequest:
+    for legacy in ("functions", "function_call"):
+        if body.get(legacy) is not None:
+            raise unsupported(legacy, "the legacy function-calling API (use tools and tool_choice)")
+    raw = body.get("tools")
+    tools = _tools(raw) if raw is not None else ()
+    choice, name = _choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise invalid("parallel_tool_calls", "parallel_tool_calls must be a boolean")
+    return ToolRequest(tools, choice, name, parallel)
+
+
+def _tools(value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list):
+        raise invalid("tools", "tools must be an array")
+    out, seen = [], set()
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise invalid(f"{where}.type", f"{where} must be an object of type \"function\"")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.fullmatch(fn["name"]):
+            raise invalid(f"{where}.function.name", f"{where}.function.name must be 1 to 64 letters, digits, "
+                          "'_', '-' or '.'")
+        if fn["name"] in seen:
+            raise invalid(f"{where}.function.name", f"two tools are named {fn['name']!r}")
+        seen.add(fn["name"])
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise invalid(f"{where}.function.parameters",
+                          f"{where}.function.parameters must be a JSON schema object")
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
+            raise invalid(f"{where}.function.description", f"{where}.function.description must be a string")
+        function = {"name": fn["name"], **({"description": description} if description else {}),
+                    "parameters": params}
+        out.append({"type": "function", "function": function})
+    return tuple(out)
+
+
+def _choice(value: Any, tools: tuple[dict[str, Any], ...]) -> tuple[str, str | None]:
+    if value is None:
+        return "auto", None
+    if value in ("auto", "none", "required"):
+        if value != "none" and not tools:
+            raise invalid("tool_choice", "tool_choice needs tools")
+        return value, None
+    fn = value.get("function") if isinstance(value, dict) and value.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise invalid("tool_choice", 'tool_choice must be "auto", "none", "required" or '
+                      '{"type": "function", "function": {"name": ...}}')
+    if fn["name"] not in {t["function"]["name"] for t in tools}:
+        raise invalid("tool_choice", f"tool_choice names {fn['name']!r}, which is not among the tools")
+    return "function", fn["name"]
+
+
+def assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """An earlier assistant turn's calls, with their arguments as objects (most templates walk
+    them; OpenAI sends a JSON string; one that is not JSON stays a string)."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        raise invalid(f"{where}.tool_calls", f"{where}.tool_calls must be a non-empty array")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise invalid(at, f"{at} must be a function call with a name")
+        arguments = fn.get("arguments", "{}")
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):
+                arguments = json.loads(arguments) if arguments.strip() else {}
+        call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{j}"
+        function = {"name": fn["name"], "arguments": arguments}
+        out.append({"id": call_id, "type": "function", "function": function})
+    return out
+
+
+def tool_result(message: dict[str, Any], where: str, names: dict[str, str]) -> dict[str, Any]:
+    """A `role: "tool"` message with its call's id and, for templates that want it, the
+    function's name (from the call in the history)."""
+    call_id = message.get("tool_call_id")
+    if not isinstance(call_id, str):
+        raise invalid(f"{where}.tool_call_id", f"{where}.tool_call_id must be a string")
+    out = {"role": "tool", "tool_call_id": call_id}
+    name = message.get("name") if isinstance(message.get("name"), str) else names.get(call_id)
+    if name:
+        out["name"] = name
+    return out

@@ -1,0 +1,123 @@
+"""Tool calling through `infer serve` (issue 33), driven by OpenAI's own client, on the embedded
+model under Qwen 3's chat template (its `<tool_call>` JSON calls): `tool_choice: required` and a
+named function give valid calls, streamed the same as whole; calls the model writes by itself
+come apart from the content with no marker left in it; the tool's result goes back in."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from serve_helpers import Server
+from tiny_model import fixtures_dir
+
+QWEN3 = fixtures_dir() / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                      "parameters": {"type": "object", "required": ["city"], "properties": {
+                                          "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+                                          "days": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+                                      "parameters": {"type": "object", "required": ["a", "b"], "properties": {
+                                          "a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Server:
+    s = Server("smollm2", "-np", "2", "--chat-template-file", str(QWEN3), "--spec-type", "none",
+               home=tmp_path_factory.mktemp("home"))
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.fixture
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _valid(call) -> dict:
+    tool = next(t for t in TOOLS if t["function"]["name"] == call.function.name)
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, tool["function"]["parameters"])
+    return arguments
+
+
+def test_required_gives_a_valid_call_streamed_the_same_as_whole(client: openai.OpenAI) -> None:
+    asked = {"model": "smollm2", "messages": ASK, "tools": TOOLS, "tool_choice": "required",
+             "temperature": 0, "max_tokens": 80, "parallel_tool_calls": False}
+    whole = client.chat.completions.create(**asked).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    assert whole.message.content is None and len(whole.message.tool_calls) == 1
+    call = whole.message.tool_calls[0]
+    assert call.type == "function" and call.id
+    _valid(call)
+    with client.chat.completions.stream(**asked) as stream:
+        contents = [e.delta for e in stream if e.type == "content.delta"]
+        streamed = stream.get_final_completion().choices[0]
+    assert "".join(contents) == ""  # nothing of the call ever reached the content
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == \
+        [(call.function.name, call.function.arguments)]
+    assert streamed.finish_reason == "tool_calls"
+
+
+def test_a_named_function_is_the_one_called(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Add 2 and 3."}], tools=TOOLS, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=60).choices[0]
+    (call,) = reply.message.tool_calls
+    assert call.function.name == "add" and set(_valid(call)) == {"a", "b"}
+
+
+def test_calls_the_model_writes_itself_come_apart_from_the_content(client: openai.OpenAI) -> None:
+    """With `auto`, text before a call is content; the call is parsed out of the reply, and no
+    marker reaches the content, streamed or not (the model is made to write one by a grammar)."""
+    written = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+               '</tool_call>')
+    asked = {"model": "smollm2", "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
+             "extra_body": {"grammar": f"root ::= {json.dumps(written)}", "think": False}}
+    whole = client.chat.completions.create(**asked).choices[0]
+    assert whole.message.content == "Let me check."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] == \
+        [("get_weather", {"city": "Oslo"})]
+    assert whole.finish_reason == "tool_calls"
+    with client.chat.completions.stream(**asked) as stream:
+        content = "".join(e.delta for e in stream if e.type == "content.delta")
+        final = stream.get_final_completion().choices[0]
+    assert "tool_call" not in content and content.strip() == "Let me check."
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+
+
+def test_the_tools_result_goes_back_in_and_a_reply_follows(client: openai.OpenAI) -> None:
+    first = client.chat.completions.create(model="smollm2", messages=ASK, tools=TOOLS, tool_choice="required",
+                                           temperature=0, max_tokens=80, parallel_tool_calls=False)
+    call = first.choices[0].message.tool_calls[0]
+    history = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21, "sky": "clear"}'}]
+    after = client.chat.completions.create(model="smollm2", messages=history, tools=TOOLS, temperature=0,
+                                           max_tokens=20, tool_choice="none")
+    assert after.choices[0].finish_reason in ("stop", "length") and after.choices[0].message.content
+    assert not after.choices[0].message.tool_calls
+    # the result is in the prompt: the prompt grows by it
+    empty = [*history[:-1], {"role": "tool", "tool_call_id": call.id, "content": ""}]
+    without = client.chat.completions.create(model="smollm2", messages=empty, tools=TOOLS, max_tokens=1,
+                                             tool_choice="none")
+    assert after.usage.prompt_tokens > without.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+])
+def test_bad_tool_fields_are_refused_naming_the_field(client: openai.OpenAI, fields: dict,
+                                                      param: str) -> None:
+    body = {"model": "smollm2", "messages": ASK, "tools": TOOLS, **fields}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(**body)
+    assert caught.value.body["param"] == param

@@ -1,0 +1,71 @@
+"""`tool_choice: required` (issue 33): the grammar built from a template's call syntax makes the
+embedded model write a call that the same syntax reads back, for a tool of the request, with
+arguments that validate against its schema; one template of each shape of call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from test_tool_calls import _template, _tool
+
+from infer.runtime.params import ContextParams
+from infer.runtime.results import Completion
+from infer.runtime.sampling import SamplingParams
+from infer.runtime.session import Session
+from infer.runtime.tool_grammar import calls_grammar
+from infer.runtime.tool_stream import ToolCallStream
+from infer.runtime.tool_syntax import learn
+
+TOOLS = [_tool("get_weather", city="string", days="integer"),
+         _tool("search", query="string", exact="boolean")]
+for _t in TOOLS:
+    _t["function"]["parameters"]["required"] = list(_t["function"]["parameters"]["properties"])
+TOOLS[0]["function"]["parameters"]["properties"]["city"]["enum"] = ["Paris", "Rome"]
+TOOLS[1]["function"]["parameters"]["properties"]["query"]["maxLength"] = 20
+
+SHAPES = (
+    "Qwen-Qwen3-0.6B",  # a JSON object in <tool_call> tags
+    "meta-llama-Llama-3.2-3B-Instruct",  # a bare JSON object with "parameters"
+    "mistralai-Mistral-Nemo-Instruct-2407",  # a JSON list, each call with its id
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use",  # a list whose calls carry their number
+    "Apertus-8B-Instruct",  # {"NAME": {...}}
+    "deepseek-ai-DeepSeek-V3.1",  # name, then JSON arguments, between markers
+    "moonshotai-Kimi-K2",  # functions.NAME:0
+    "Mistral-Small-3.2-24B-Instruct-2506",  # [TOOL_CALLS]NAME[CALL_ID]id[ARGS]{...}
+    "openai-gpt-oss-120b",  # to=functions.NAME ... <|message|>{...}<|call|>
+    "Qwen3-Coder",  # <parameter=KEY>value</parameter>
+    "GLM-4.7-Flash",  # <arg_key>KEY</arg_key><arg_value>value</arg_value>
+    "deepseek-ai-DeepSeek-V3.2",  # DSML, string="true|false"
+    "google-gemma-4-31B-it",  # call:NAME{key:<|"|>value<|"|>}
+    "LFM2.5-8B-A1B",  # [NAME(key='value')]
+)
+
+
+@pytest.fixture(scope="module")
+def session(smollm2: Path):
+    with Session.open(smollm2, ContextParams(n_ctx=1024)) as s:
+        yield s
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_a_required_call_is_valid_and_reads_back(name: str, session: Session) -> None:
+    syntax = learn(_template(name), bos_token="<s>", eos_token="</s>")
+    grammar = calls_grammar(syntax, TOOLS, parallel=False)
+    prompt = session.model.tokenize("<|im_start|>user\nWhat's the weather in Paris?<|im_end|>\n"
+                                    "<|im_start|>assistant\n", add_special=False, parse_special=True)
+    session.context.memory_clear()
+    session.tokens.clear()
+    params = SamplingParams(temperature=0, grammar=grammar, max_tokens=300)  # (DeepSeek: many tokens)
+    done = next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
+    assert done.finish_reason == "eos", done.text  # the grammar ended: the call is whole
+    stream = ToolCallStream(syntax, TOOLS)
+    content = [e for e in stream.feed(done.text) + stream.finish() if isinstance(e, str)]
+    (call,) = stream.calls
+    assert call.done and "".join(content).strip() == "", done.text
+    tool = next(t for t in TOOLS if t["function"]["name"] == call.name)
+    jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+    named = calls_grammar(syntax, TOOLS, name="search", parallel=False)  # (tool_choice: one function)
+    assert "get_weather" not in named and "search" in named
