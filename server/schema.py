@@ -2,7 +2,7 @@
 
 Fields OpenAI defines are checked against its types and ranges; infer's other
 sampling parameters are accepted as extensions under llama-server's names. Fields
-infer cannot honour (tools, images, audio...) are refused naming the field, never
+infer cannot honour (images, audio...) are refused naming the field, never
 silently ignored; fields it does not know are ignored, as clients send extras.
 """
 
