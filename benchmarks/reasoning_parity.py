@@ -15,16 +15,15 @@ sides, for any model and either flash-attention setting.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import repacking
 from serve import INFER, LLAMA_BIN, Server, resolve_model
+from serve_helpers import reply_parts
 
 TEMPLATES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "chat-templates"
 CASES = (  # (name, template, extra request fields)
@@ -32,22 +31,6 @@ CASES = (  # (name, template, extra request fields)
     ("Qwen 3: the model may open it", "Qwen-Qwen3-0.6B.jinja", {}),
     ("Qwen 3, thinking off", "Qwen-Qwen3-0.6B.jinja", {"chat_template_kwargs": {"enable_thinking": False}}),
 )
-
-
-def ask(server: Server, payload: dict, *, stream: bool) -> tuple[str, str]:
-    """(reasoning_content, content) of the reply, streamed or whole."""
-    url = f"{server.url}/v1/chat/completions"
-    if not stream:
-        message = httpx.post(url, json=payload, timeout=300).json()["choices"][0]["message"]
-        return message.get("reasoning_content") or "", message.get("content") or ""
-    parts = {"reasoning_content": "", "content": ""}
-    with httpx.stream("POST", url, json={**payload, "stream": True}, timeout=300) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                for choice in json.loads(line[6:])["choices"]:
-                    for key in parts:
-                        parts[key] += choice.get("delta", {}).get(key) or ""
-    return parts["reasoning_content"], parts["content"]
 
 
 def main() -> None:
@@ -79,7 +62,7 @@ def main() -> None:
             for server in servers:
                 server.wait_ready()
             for stream in (False, True):
-                got = {server.name: ask(server, payload, stream=stream) for server in servers}
+                got = {server.name: reply_parts(server.url, payload, stream=stream) for server in servers}
                 same = len(set(got.values())) == 1
                 differ += not same
                 print(f"\n{name} ({'streamed' if stream else 'whole'}): {'same' if same else 'DIFFERENT'}")

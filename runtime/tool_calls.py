@@ -157,12 +157,7 @@ class CallReader:
         return pos
 
     def _json_arguments(self, text: str, pos: int, call: ToolCall) -> int:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos >= len(text):
-            raise _Partial
-        if text[pos] != "{":
-            raise _Fail
+        pos = _object_start(text, pos)
         try:
             _, end = json.JSONDecoder().raw_decode(text, pos)
         except ValueError:
@@ -173,12 +168,7 @@ class CallReader:
 
     def _json_call(self, text: str, pos: int, out: _Read, final: bool) -> int:
         name_key, args_key = self.syntax.json_keys or ("", "")
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos >= len(text):
-            raise _Partial
-        if text[pos] != "{":
-            raise _Fail
+        pos = _object_start(text, pos)
         head = (r'\{\s*"([^"\\]+)"\s*:\s*' if not name_key else
                 r'"' + re.escape(name_key) + r'"\s*:\s*"((?:[^"\\]|\\.)*)"')
         named = re.compile(head).search(text, pos)
@@ -209,6 +199,17 @@ class CallReader:
             raise _Partial
         call.done = True
         return end
+
+
+def _object_start(text: str, pos: int) -> int:
+    """Where the JSON object that must come next begins (after blank space)."""
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    if pos >= len(text):
+        raise _Partial
+    if text[pos] != "{":
+        raise _Fail
+    return pos
 
 
 class _Pairs:

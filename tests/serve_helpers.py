@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -47,15 +48,8 @@ class Server:
         self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 60) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("infer serve never became healthy:\n" + "".join(self.log))
+        if not healthy(self.url, timeout):
+            raise AssertionError("infer serve never became healthy:\n" + "".join(self.log))
 
     def metrics(self, model: str = "smollm2") -> dict[str, float]:
         """The /metrics samples of `model` (without labels other than the model), by name."""
@@ -87,3 +81,38 @@ class Server:
             raise
         self._reader.join(30)
         return code
+
+
+def healthy(url: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> bool:
+    """Whether the server at `url` answers /health with 200 within `timeout` seconds (while
+    `alive` says its process runs)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and alive():
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def reply_parts(url: str, payload: dict, *, stream: bool) -> tuple[str, str]:
+    """(reasoning_content, content) of a chat reply from the server at `url`, whole or
+    assembled from its stream."""
+    import json
+
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=payload, timeout=300)
+        assert r.status_code == 200, r.text
+        message = r.json()["choices"][0]["message"]
+        return message.get("reasoning_content") or "", message.get("content") or ""
+    parts = {"reasoning_content": "", "content": ""}
+    body = {**payload, "stream": True}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    for key in parts:
+                        parts[key] += choice.get("delta", {}).get(key) or ""
+    return parts["reasoning_content"], parts["content"]

@@ -8,16 +8,13 @@ comparison for any model.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from serve_helpers import Server
+from serve_helpers import Server, healthy, reply_parts
 from tiny_model import fixtures_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,16 +43,9 @@ class LlamaServer:
         self.proc = subprocess.Popen([str(binary), *args, "--host", "127.0.0.1", "--port", str(port)],
                                      stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 120
-        while time.monotonic() < end and self.proc.poll() is None:
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise AssertionError("llama-server did not start:\n" + log.read_text(errors="replace")[-3000:])
+        if not healthy(self.url, 120, alive=lambda: self.proc.poll() is None):
+            self.stop()
+            raise AssertionError("llama-server did not start:\n" + log.read_text(errors="replace")[-3000:])
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -65,24 +55,6 @@ class LlamaServer:
             self.proc.kill()
             self.proc.wait()
         self._out.close()
-
-
-def ask(url: str, payload: dict, *, stream: bool) -> tuple[str, str]:
-    """(reasoning_content, content) of a chat reply, whole or assembled from its stream."""
-    if not stream:
-        r = httpx.post(url + "/v1/chat/completions", json=payload, timeout=300)
-        assert r.status_code == 200, r.text
-        message = r.json()["choices"][0]["message"]
-        return message.get("reasoning_content") or "", message.get("content") or ""
-    parts = {"reasoning_content": "", "content": ""}
-    body = {**payload, "stream": True}
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                for choice in json.loads(line[6:])["choices"]:
-                    for key in parts:
-                        parts[key] += choice.get("delta", {}).get(key) or ""
-    return parts["reasoning_content"], parts["content"]
 
 
 # (template, the requests' extra fields): R1's prompt opens the block (the reply starts inside
@@ -111,8 +83,8 @@ def test_the_reasoning_is_split_as_llama_server_splits_it(template, smollm2, lla
                 payload = {"messages": [{"role": "user", "content": "What is 2+2?"}], "temperature": 0,
                            "max_tokens": 48, **extra}
                 for stream in (False, True):
-                    got = ask(ours.url, payload, stream=stream)
-                    assert got == ask(theirs.url, payload, stream=stream), (extra, stream)
+                    got = reply_parts(ours.url, payload, stream=stream)
+                    assert got == reply_parts(theirs.url, payload, stream=stream), (extra, stream)
                     if not extra and template.startswith("llama-cpp-deepseek"):
                         assert got[0].strip(), "under R1's template the reply starts inside the block"
         finally:

@@ -77,7 +77,7 @@ def _read(syntax, pieces: list[str]) -> tuple[str, list[tuple[str, dict]], list[
     return "".join(content), calls, [ids[i] for i in sorted(ids)]
 
 
-def _cuts(text: str, rng: random.Random, n: int = 25) -> list[list[str]]:
+def _cuts(text: str, rng: random.Random, n: int = 10) -> list[list[str]]:
     out = [[text], list(text)]
     for _ in range(n):
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 8))))
