@@ -55,6 +55,14 @@ def execute(flags: Mapping[str, Any]) -> None:
     if flags["raw"] and (prompt_settings(flags) != (None, {}) or reasoning_budget(flags) is not None):
         raise UsageError("--raw sends the prompt as is: it takes no --think, --chat-template-kwargs or "
                          "--reasoning-budget")
+    tools = None
+    if flags.get("tools") is not None or flags.get("tool_choice") is not None:
+        from infer.cli.run_tools import tool_request
+
+        tools = tool_request(flags)
+    if tools is not None and (flags["raw"] or where is not None):
+        raise UsageError("--tools needs the chat template of a model loaded here: not with --raw, and not "
+                         "through a server yet (INFER_SERVER, --server)")
     template = None
     if flags["chat_template_file"] is not None:
         template = read_text_file(flags["chat_template_file"], "chat template file")
@@ -71,11 +79,11 @@ def execute(flags: Mapping[str, Any]) -> None:
         remote.refuse_local_flags(flags, defaults("run"))
         _execute_remote(flags, where, model, prompt_arg, record, overrides)
         return
-    _execute_here(flags, model, prompt_arg, record, overrides, template, continuing=continuing)
+    _execute_here(flags, model, prompt_arg, record, overrides, template, continuing=continuing, tools=tools)
 
 
 def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, record: Any,
-                  overrides: dict[str, Any], template: str | None, *, continuing: bool) -> None:
+                  overrides: dict[str, Any], template: str | None, *, continuing: bool, tools: Any) -> None:
     """The model loaded here: resolve, place, load (meanwhile import the templates), answer."""
     from infer.cli.placement import explain, report
     from infer.runtime.loading import sampling_defaults
@@ -116,7 +124,7 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
         else:
             record = _ask(record, resolved.reference, system, text)
             prompt, tokens, plan, preamble = _chat_prompt(flags, session.model, record.messages, template,
-                                                          cached=cache is not None)
+                                                          cached=cache is not None, tools=tools)
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return
@@ -124,20 +132,39 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
 
         params = SamplingParams.resolve(sampling_defaults(session.model, resolved), overrides)
         reply = _reply(flags)
+        if tools is not None and tools.active:
+            params, reply = _calling(session.model, template, tools, params, reply)
         completion = _generate_cached(session, tokens, params, cache, name=resolved.reference,
                                       preamble=preamble, continuing=continuing, reply=reply, thinking=plan)
     resolved.record_use()
     _report(flags, resolved.reference, completion, record, reply)
 
 
+def _calling(model: Any, template: str | None, tools: Any, params: Any, reply: _Reply) -> tuple[Any, Any]:
+    """The sampling parameters and the reply of a run that may call tools (cli/run_tools.py)."""
+    from dataclasses import replace
+
+    from infer.cli.run_tools import CallReply, syntax_and_grammar
+
+    syntax, grammar = syntax_and_grammar(model, template, tools)
+    if grammar is not None:
+        if params.effective_grammar is not None:
+            raise UsageError(f"--tool-choice {tools.name or tools.choice} constrains the reply to tool "
+                             "calls: it cannot go with --grammar or --json-schema")
+        params = replace(params, grammar=grammar)
+    return params, CallReply(reply, syntax, tools)
+
+
 def _chat_prompt(flags: Mapping[str, Any], model: Any, messages: Any, template: str | None, *,
-                 cached: bool) -> tuple[Any, list[int], Any, int]:
-    """The rendered prompt, the tokens to generate from, a thinking model's plan (-v says what
-    --think or --reasoning-budget cannot apply), and where the prompt cache saves a state."""
+                 cached: bool, tools: Any = None) -> tuple[Any, list[int], Any, int]:
+    """The rendered prompt (with the tools a reply may call), the tokens to generate from, a
+    thinking model's plan (-v says what --think or --reasoning-budget cannot apply), and where
+    the prompt cache saves a state."""
     from infer.runtime.prompt import preamble_len
     from infer.runtime.thinking_prompt import thinking_prompt
 
-    rendered = thinking_prompt(model, messages, template=template, request=thinking_request(flags))
+    rendered = thinking_prompt(model, messages, template=template, request=thinking_request(flags),
+                               tools=tools.tools if tools is not None and tools.active else ())
     if flags["verbose"]:
         for note in rendered.notes:
             sys.stderr.write(f"infer: {note}\n")
@@ -161,17 +188,20 @@ def _ask(record: Any, model: str, system: str | None, text: str) -> Any:
     return record
 
 
-def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any, reply: _Reply) -> None:
+def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any, reply: Any) -> None:
     """After the reply: the conversation saved, --json's object, -v's statistics."""
     from infer.cli import conversations
 
+    calls = reply if hasattr(reply, "calls") else None  # (cli/run_tools.CallReply)
     if record is not None:
-        record.messages.append(completion.message())
+        record.messages.append(calls.message(completion) if calls else completion.message())
         conversations.save(record)
     if flags["json_output"]:
         from infer.cli.result_json import result_json
 
         result = result_json(model, completion)
+        if calls is not None:
+            result = calls.result(result)
         if record is not None:
             result["conversation"] = record.id
         _write(json.dumps(result, ensure_ascii=False) + "\n")

@@ -20,6 +20,7 @@ SPECULATION = "Speculative decoding"
 CONTEXT = "Context and hardware"
 OUTPUT = "Output"
 THINKING = "Thinking"
+TOOLS = "Tool calling"
 
 # --- sampling: one option per entry of the request parameters' table (runtime/request_params.py)
 _FLAG_TYPES: dict[str, Any] = {"int": int | None, "float": float | None, "bool": bool, "text": str | None,
@@ -175,6 +176,16 @@ def prompt_options() -> tuple[tuple[str, Any, Any], ...]:
         *p.flags, help=p.help, rich_help_panel=THINKING, show_default=False,
         metavar="|".join(p.choices) if p.choices else "N" if p.kind == "int" else "JSON")], None)
         for p in PARAMS.values() if p.group == "prompt")
+
+
+def tool_options() -> tuple[tuple[str, Any, Any], ...]:
+    """--tools and --tool-choice (the table's "tools" group), for the commands that render a chat."""
+    from infer.runtime.request_params import PARAMS
+
+    return tuple((p.field, Annotated[_FLAG_TYPES[p.kind], typer.Option(
+        *p.flags, help=p.help, rich_help_panel=TOOLS, show_default=False,
+        metavar="JSON|@FILE" if p.field == "tools" else "auto|none|required|NAME")], None)
+        for p in PARAMS.values() if p.group == "tools" and p.flags)
 
 
 def thinking_options() -> tuple[tuple[str, Any, Any], ...]:

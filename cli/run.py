@@ -34,6 +34,7 @@ from infer.cli.errors import shielded
      False),
     o.SERVER,
     *o.thinking_options(),
+    *o.tool_options(),
 )
 def run(ctx: typer.Context, **flags: Any) -> None:
     """Generate a reply to PROMPT and stream it to stdout."""

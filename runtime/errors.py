@@ -16,6 +16,15 @@ class UsageError(InferError, ValueError):
     """A bad parameter value or input from the user (exit code 2)."""
 
 
+class FieldError(UsageError):
+    """A bad value of one field of a request (`field`: its path, as "tools[0].function.name");
+    `unsupported`: the field asks for what infer does not do."""
+
+    def __init__(self, field: str, message: str, *, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.field, self.unsupported = field, unsupported
+
+
 class ContextOverflowError(UsageError):
     """The prompt plus the requested tokens do not fit the context."""
 

@@ -239,6 +239,16 @@ PARAMS: dict[str, Param] = {p.field: p for p in (
           "and the answer follows (0: none; -1: no limit).", ("--reasoning-budget",), optional=True,
           range=Range(-1), label="reasoning budget", group="prompt",
           api={"llama_server": "reasoning_budget"}),
+    # The tools a reply may call (runtime/tool_request.py checks them; runtime/tool_syntax.py
+    # learns how the model writes calls).
+    Param("tools", "text", None, "Tools the model may call: a JSON array of OpenAI function tools, inline "
+          "or @file.", ("--tools",), optional=True, group="tools",
+          api={**_same("tools", "openai", "llama_server", "ollama", "anthropic", "responses")}),
+    Param("tool_choice", "text", None, "auto (the default), none, required, or the name of the one tool to "
+          "call.", ("--tool-choice",), optional=True, group="tools",
+          api={**_same("tool_choice", "openai", "llama_server", "anthropic", "responses")}),
+    Param("parallel_tool_calls", "bool", True, "Whether a reply may hold more than one call.", (),
+          group="tools", api={**_same("parallel_tool_calls", "openai", "llama_server", "responses")}),
     # How the reply is returned: a server's alone (`infer run --json` always has it apart).
     Param("reasoning_format", "text", "auto", "A thinking model's reasoning apart (auto, deepseek) or left "
           "in the text (none).", (), group="reply", choices=("auto", "deepseek", "none"),

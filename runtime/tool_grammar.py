@@ -15,6 +15,7 @@ from infer.runtime.errors import UsageError
 from infer.runtime.tool_syntax import ID, INDEX, Pairs, ToolSyntax
 
 _SLOTS = {INDEX: "[0-9]+", ID: "[a-zA-Z0-9]{9}"}
+MAX_CALLS = 8  # calls in one reply at most (a small model may otherwise call again and again)
 
 
 def literal(text: str, index: int | None = None) -> str:
@@ -64,15 +65,15 @@ def calls_grammar(syntax: ToolSyntax, tools: Sequence[Mapping[str, Any]], *, nam
     numbered = any(INDEX in text for text in (syntax.name_close, *(str(v) for _, v in syntax.extras)))
     if not numbered:
         rules["call"] = " | ".join(bodies)
-        more = f" ({between} call)*" if parallel and syntax.parallel else ""
+        more = f" ({between} call){{0,{MAX_CALLS - 1}}}" if parallel and syntax.parallel else ""
         rules["root"] = f"{first} call{more} {last}"
-    else:  # (each call's number written out: the first calls, up to 8)
-        for n in range(8 if parallel and syntax.parallel else 1):
+    else:  # (each call's number written out)
+        for n in range(MAX_CALLS if parallel and syntax.parallel else 1):
             rules[f"call-n{n}"] = " | ".join(f"{b}-n{n}" for b in bodies)
             for b in bodies:
                 rules[f"{b}-n{n}"] = rules[b].replace(_SLOTS[INDEX], literal(INDEX, syntax.index_base + n))
         calls = ""
-        for n in range(7 if parallel and syntax.parallel else 0, 0, -1):
+        for n in range(MAX_CALLS - 1 if parallel and syntax.parallel else 0, 0, -1):
             calls = f" ({between} call-n{n}{calls})?"
         rules["root"] = f"{first} call-n0{calls} {last}"
     grammar = "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n" + converter.format_grammar()

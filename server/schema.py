@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from infer.runtime.errors import FieldError
 from infer.runtime.request_params import PARAMS, SAMPLING, Param, out_of_range
 from infer.runtime.thinking_prompt import ThinkingRequest
+from infer.runtime.tool_request import ToolRequest, assistant_calls, parse_tools, tool_result
 from infer.server.errors import ApiError, invalid, unsupported
-from infer.server.tool_request import ToolRequest, assistant_calls, parse_tools, tool_result
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
 MAX_N = 16  # choices per request
@@ -80,6 +81,14 @@ _TYPES = {"bool": bool, "text": str}
 
 def parse_generation(body: dict[str, Any], *, chat: bool) -> Generation:
     """Check a /v1/chat/completions (`chat`) or /v1/completions body."""
+    try:
+        return _generation(body, chat=chat)
+    except FieldError as e:  # (the library's checks of a field: runtime/tool_request.py)
+        raise ApiError(400, str(e), param=e.field, code="unsupported_parameter" if e.unsupported else None) \
+            from None
+
+
+def _generation(body: dict[str, Any], *, chat: bool) -> Generation:
     for name, what in _UNSUPPORTED.items():
         if _given(body.get(name)) and not (name == "echo" and body[name] is False):
             raise unsupported(name, what)

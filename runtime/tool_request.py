@@ -1,4 +1,5 @@
-"""The tool-calling fields of a chat request, checked (issue 33): `tools` (function tools with
+"""The tool-calling fields of a request, checked (issue 33), for the server and `infer run
+--tools` alike (a FieldError names the field): `tools` (function tools with
 JSON-schema parameters), `tool_choice` (auto, none, required, or one function by name),
 `parallel_tool_calls`, and a history's assistant turns with `tool_calls` and `role: "tool"`
 results, made into the messages chat templates read (arguments as objects, a result's function
@@ -12,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from infer.server.errors import invalid, unsupported
+from infer.runtime.errors import FieldError
 
 _NAME = re.compile(r"[A-Za-z0-9_\-.]{1,64}")
 
@@ -35,38 +36,40 @@ class ToolRequest:
 def parse_tools(body: dict[str, Any]) -> ToolRequest:
     for legacy in ("functions", "function_call"):
         if body.get(legacy) is not None:
-            raise unsupported(legacy, "the legacy function-calling API (use tools and tool_choice)")
+            raise FieldError(legacy, f"{legacy}: the legacy function-calling API is not supported (use tools "
+                             "and tool_choice)", unsupported=True)
     raw = body.get("tools")
     tools = _tools(raw) if raw is not None else ()
     choice, name = _choice(body.get("tool_choice"), tools)
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
-        raise invalid("parallel_tool_calls", "parallel_tool_calls must be a boolean")
+        raise FieldError("parallel_tool_calls", "parallel_tool_calls must be a boolean")
     return ToolRequest(tools, choice, name, parallel)
 
 
 def _tools(value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list):
-        raise invalid("tools", "tools must be an array")
+        raise FieldError("tools", "tools must be an array")
     out, seen = [], set()
     for i, tool in enumerate(value):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise invalid(f"{where}.type", f"{where} must be an object of type \"function\"")
+            raise FieldError(f"{where}.type", f"{where} must be an object of type \"function\"")
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.fullmatch(fn["name"]):
-            raise invalid(f"{where}.function.name", f"{where}.function.name must be 1 to 64 letters, digits, "
-                          "'_', '-' or '.'")
+            raise FieldError(f"{where}.function.name",
+                             f"{where}.function.name must be 1 to 64 letters, digits, '_', '-' or '.'")
         if fn["name"] in seen:
-            raise invalid(f"{where}.function.name", f"two tools are named {fn['name']!r}")
+            raise FieldError(f"{where}.function.name", f"two tools are named {fn['name']!r}")
         seen.add(fn["name"])
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise invalid(f"{where}.function.parameters",
+            raise FieldError(f"{where}.function.parameters",
                           f"{where}.function.parameters must be a JSON schema object")
         description = fn.get("description")
         if description is not None and not isinstance(description, str):
-            raise invalid(f"{where}.function.description", f"{where}.function.description must be a string")
+            raise FieldError(f"{where}.function.description",
+                             f"{where}.function.description must be a string")
         function = {"name": fn["name"], **({"description": description} if description else {}),
                     "parameters": params}
         out.append({"type": "function", "function": function})
@@ -78,14 +81,14 @@ def _choice(value: Any, tools: tuple[dict[str, Any], ...]) -> tuple[str, str | N
         return "auto", None
     if value in ("auto", "none", "required"):
         if value != "none" and not tools:
-            raise invalid("tool_choice", "tool_choice needs tools")
+            raise FieldError("tool_choice", "tool_choice needs tools")
         return value, None
     fn = value.get("function") if isinstance(value, dict) and value.get("type") == "function" else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise invalid("tool_choice", 'tool_choice must be "auto", "none", "required" or '
+        raise FieldError("tool_choice", 'tool_choice must be "auto", "none", "required" or '
                       '{"type": "function", "function": {"name": ...}}')
     if fn["name"] not in {t["function"]["name"] for t in tools}:
-        raise invalid("tool_choice", f"tool_choice names {fn['name']!r}, which is not among the tools")
+        raise FieldError("tool_choice", f"tool_choice names {fn['name']!r}, which is not among the tools")
     return "function", fn["name"]
 
 
@@ -94,13 +97,13 @@ def assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]
     them; OpenAI sends a JSON string; one that is not JSON stays a string)."""
     calls = message.get("tool_calls")
     if not isinstance(calls, list) or not calls:
-        raise invalid(f"{where}.tool_calls", f"{where}.tool_calls must be a non-empty array")
+        raise FieldError(f"{where}.tool_calls", f"{where}.tool_calls must be a non-empty array")
     out = []
     for j, call in enumerate(calls):
         at = f"{where}.tool_calls[{j}]"
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise invalid(at, f"{at} must be a function call with a name")
+            raise FieldError(at, f"{at} must be a function call with a name")
         arguments = fn.get("arguments", "{}")
         if isinstance(arguments, str):
             with contextlib.suppress(ValueError):
@@ -116,7 +119,7 @@ def tool_result(message: dict[str, Any], where: str, names: dict[str, str]) -> d
     function's name (from the call in the history)."""
     call_id = message.get("tool_call_id")
     if not isinstance(call_id, str):
-        raise invalid(f"{where}.tool_call_id", f"{where}.tool_call_id must be a string")
+        raise FieldError(f"{where}.tool_call_id", f"{where}.tool_call_id must be a string")
     out = {"role": "tool", "tool_call_id": call_id}
     name = message.get("name") if isinstance(message.get("name"), str) else names.get(call_id)
     if name:

@@ -1,0 +1,118 @@
+"""`infer run --tools FILE [--tool-choice auto|none|required|NAME]` (issue 33): the tools given
+to the chat template, the reply read for calls in the syntax the template writes them, and each
+call printed on stdout as one JSON line, `{"name": …, "arguments": {…}}`, after the reply's
+text (so a shell script can dispatch it); with --json, `tool_calls` in OpenAI's shape."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from infer.runtime.errors import FieldError, UsageError
+
+TYPE_CHECKING = False  # (typing costs infer run's start-up: cli/main.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+
+def tool_request(flags: Mapping[str, Any]) -> Any:
+    """--tools and --tool-choice checked (runtime.tool_request.ToolRequest), or None."""
+    from infer.cli.flags import read_text_file
+    from infer.runtime.tool_request import parse_tools
+
+    raw, choice = flags.get("tools"), flags.get("tool_choice")
+    if raw is None:
+        if choice is not None:
+            raise UsageError("--tool-choice needs --tools")
+        return None
+    text = read_text_file(raw[1:], "tools file") if raw.startswith("@") else raw
+    try:
+        tools = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"--tools is not valid JSON: {e}") from None
+    body: dict[str, Any] = {"tools": tools}
+    if choice is not None:
+        body["tool_choice"] = choice if choice in ("auto", "none", "required") else \
+            {"type": "function", "function": {"name": choice}}
+    try:
+        return parse_tools(body)
+    except FieldError as e:
+        flag = "--tool-choice" if e.field == "tool_choice" else "--tools"
+        raise UsageError(f"{flag}: {e}") from None
+
+
+def syntax_and_grammar(model: Any, template: str | None, request: Any) -> tuple[Any, str | None]:
+    """How the model writes calls, and the grammar a required or named call is held to."""
+    from infer.runtime.prompt import tool_syntax
+    from infer.runtime.tool_grammar import calls_grammar
+
+    syntax = tool_syntax(model, template)
+    if syntax is None:
+        raise UsageError("this model's chat template writes no tool calls that infer can read "
+                         "(--chat-template-file gives it another)")
+    if request.choice not in ("required", "function"):
+        return syntax, None
+    return syntax, calls_grammar(syntax, request.tools, name=request.name, parallel=request.parallel)
+
+
+class CallReply:
+    """A reply's text split into content (to the reply it wraps) and tool calls (printed as JSON
+    lines at the end, unless the reply is not streamed: --json reports them)."""
+
+    def __init__(self, reply: Any, syntax: Any, request: Any) -> None:
+        from infer.runtime.tool_stream import ToolCallStream
+
+        self.reply, self.content = reply, ""
+        self.stream = ToolCallStream(syntax, request.tools, single=not request.parallel)
+
+    @property
+    def thinking_s(self) -> float | None:
+        return self.reply.thinking_s
+
+    def piece(self, text: str) -> None:
+        self._content(self.stream.feed(text))
+
+    def reasoning(self, text: str) -> None:
+        self.reply.reasoning(text)
+
+    def end(self) -> None:
+        self._content(self.stream.finish())
+        self.reply.end()
+        if self.reply.stream:
+            for call in self.calls():
+                sys.stdout.write(json.dumps({"name": call["function"]["name"],
+                                             "arguments": _arguments(call)}, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+
+    def _content(self, events: list[Any]) -> None:
+        for event in events:
+            if isinstance(event, str):
+                self.content += event
+                self.reply.piece(event)
+
+    def calls(self) -> list[dict[str, Any]]:
+        return [c.as_openai() for c in self.stream.calls if c.done]
+
+    def message(self, completion: Any) -> dict[str, Any]:
+        """The assistant message of the conversation: its text, calls and reasoning."""
+        message = {**completion.message(), "content": self.content.strip()}
+        if self.calls():
+            message["tool_calls"] = self.calls()
+        return message
+
+    def result(self, result: dict[str, Any]) -> dict[str, Any]:
+        """--json's object with the calls apart from the text."""
+        calls = self.calls()
+        result["text"] = self.content.strip() if calls else self.content
+        result["tool_calls"] = calls
+        if calls and result.get("finish_reason") in ("eos", "stop"):
+            result["finish_reason"] = "tool_calls"
+        return result
+
+
+def _arguments(call: Mapping[str, Any]) -> Any:
+    try:
+        return json.loads(call["function"]["arguments"])
+    except ValueError:
+        return call["function"]["arguments"]
