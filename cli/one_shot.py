@@ -142,17 +142,11 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
 
 def _calling(model: Any, template: str | None, tools: Any, params: Any, reply: _Reply) -> tuple[Any, Any]:
     """The sampling parameters and the reply of a run that may call tools (cli/run_tools.py)."""
-    from dataclasses import replace
+    from infer.cli.run_tools import CallReply, tool_syntax_here
+    from infer.runtime.tool_grammar import calls_params
 
-    from infer.cli.run_tools import CallReply, syntax_and_grammar
-
-    syntax, grammar = syntax_and_grammar(model, template, tools)
-    if grammar is not None:
-        if params.effective_grammar is not None:
-            raise UsageError(f"--tool-choice {tools.name or tools.choice} constrains the reply to tool "
-                             "calls: it cannot go with --grammar or --json-schema")
-        params = replace(params, grammar=grammar)
-    return params, CallReply(reply, syntax, tools)
+    syntax = tool_syntax_here(model, template)
+    return calls_params(params, syntax, tools), CallReply(reply, syntax, tools)
 
 
 def _chat_prompt(flags: Mapping[str, Any], model: Any, messages: Any, template: str | None, *,

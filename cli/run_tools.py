@@ -42,18 +42,15 @@ def tool_request(flags: Mapping[str, Any]) -> Any:
         raise UsageError(f"{flag}: {e}") from None
 
 
-def syntax_and_grammar(model: Any, template: str | None, request: Any) -> tuple[Any, str | None]:
-    """How the model writes calls, and the grammar a required or named call is held to."""
+def tool_syntax_here(model: Any, template: str | None) -> Any:
+    """How the model (or --chat-template-file) writes calls; a usage error where it writes none."""
     from infer.runtime.prompt import tool_syntax
-    from infer.runtime.tool_grammar import calls_grammar
 
     syntax = tool_syntax(model, template)
     if syntax is None:
         raise UsageError("this model's chat template writes no tool calls that infer can read "
                          "(--chat-template-file gives it another)")
-    if request.choice not in ("required", "function"):
-        return syntax, None
-    return syntax, calls_grammar(syntax, request.tools, name=request.name, parallel=request.parallel)
+    return syntax
 
 
 class CallReply:

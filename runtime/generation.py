@@ -113,14 +113,14 @@ class Generation:
             self.stream.set_stops(())
             if grammar is not None:
                 self.chain.set_grammar(None)
-        elif state == "start" and grammar is not None:
-            start = self.track.plan.start_grammar(grammar)
+        elif state == "start" and grammar is not None and not self.params._grammar_triggers:
+            start = self.track.plan.start_grammar(grammar)  # (a lazy grammar waits anyway)
             if start is not None:
                 self.chain.set_grammar(SamplerSpec("grammar", start))
         elif before == "thinking":  # the answer begins: constrained from its first token
             self.stream.set_stops(self.params.stop)
             if grammar is not None:
-                self.chain.set_grammar(SamplerSpec("grammar", (grammar,)))
+                self.chain.set_grammar(self.params.grammar_spec)
 
     def propose(self, token: int, room: int, cost_of: Callable[[int], float] | None = None,
                 share: float = 1.0) -> list[int]:

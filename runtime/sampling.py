@@ -55,13 +55,26 @@ class _Sampling:
     def effective_grammar(self) -> str | None:
         return self.grammar if self.grammar is not None else self._schema_grammar
 
+    @property
+    def grammar_spec(self) -> SamplerSpec | None:
+        """The grammar sampler's settings (None: no grammar)."""
+        grammar = self.effective_grammar
+        if grammar is None:
+            return None
+        return SamplerSpec("grammar", (grammar, "root", self._grammar_triggers) if self._grammar_triggers
+                           else (grammar,))
+
 
 # How to pick each next token and when to stop: a frozen dataclass with one field per entry
 # of runtime/request_params.py's table (its default llama.cpp's), validated on creation.
 SamplingParams: Any = make_dataclass(
     "SamplingParams",
     [*((p.field, p.annotation, field(default=p.default)) for p in SAMPLING.values()),
-     ("_schema_grammar", "str | None", field(default=None, repr=False, compare=False))],
+     ("_schema_grammar", "str | None", field(default=None, repr=False, compare=False)),
+     # A grammar that waits for one of these patterns (regular expressions over the text
+     # generated so far, whose first group is where the grammar starts): llama.cpp's lazy grammar
+     # (`tool_choice: auto`: free text, then calls held to their grammar once one begins)
+     ("_grammar_triggers", "tuple[str, ...]", field(default=(), repr=False))],
     bases=(_Sampling,), frozen=True)
 SamplingParams.__module__ = __name__  # (for pickle and repr; make_dataclass's `module=` is 3.12's)
 SamplingParams.__doc__ = "How to pick each next token and when to stop. Defaults are llama.cpp's."
@@ -174,8 +187,8 @@ def sampler_specs(p: SamplingParams, *, n_vocab: int,
         biases += [(token, -math.inf) for token in eog_tokens()]
     if biases:
         specs.append(SamplerSpec("logit_bias", (tuple(biases),)))
-    if p.effective_grammar is not None:
-        specs.append(SamplerSpec("grammar", (p.effective_grammar,)))
+    if p.grammar_spec is not None:
+        specs.append(p.grammar_spec)
     if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
         specs.append(SamplerSpec("penalties", (n_vocab, p.repeat_last_n, p.repeat_penalty,
                                                p.frequency_penalty, p.presence_penalty)))

@@ -8,10 +8,11 @@ any text without the marker that ends it, any other value JSON of its schema.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infer.runtime.errors import UsageError
+from infer.runtime.errors import FieldError, UsageError
 from infer.runtime.tool_syntax import ID, INDEX, Pairs, ToolSyntax
 
 _SLOTS = {INDEX: "[0-9]+", ID: "[a-zA-Z0-9]{9}"}
@@ -79,6 +80,38 @@ def calls_grammar(syntax: ToolSyntax, tools: Sequence[Mapping[str, Any]], *, nam
     grammar = "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n" + converter.format_grammar()
     # (the port lets raw control characters into JSON strings, which JSON forbids)
     return grammar.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')
+
+
+def calls_params(params: Any, syntax: ToolSyntax, request: Any) -> Any:
+    """The sampling parameters (runtime.sampling.SamplingParams) of a reply that may call the
+    tools of `request` (runtime.tool_request.ToolRequest): `required` or one function, held to a
+    grammar of calls; `auto` and `none` as they are.
+
+    Not yet for `auto`: llama.cpp's lazy grammar (`trigger_pattern`, which the sampler chain
+    takes) feeds the grammar the text from the trigger to the end of the token that completed
+    it, and a token that goes on past the marker in a way the grammar refuses makes llama.cpp
+    throw from C (the process ends). Until the trigger is made safe, `auto` reads whatever calls
+    the model writes."""
+    from dataclasses import replace
+
+    if request.choice in ("none", "auto"):
+        return params
+    if params.effective_grammar is not None:
+        raise FieldError("tool_choice", f"tool_choice {request.name or request.choice!r} holds the reply to "
+                         "tool calls: it cannot go with a grammar or a JSON schema")
+    grammar = calls_grammar(syntax, request.tools, name=request.name, parallel=request.parallel)
+    return replace(params, grammar=grammar)
+
+
+def trigger_pattern(syntax: ToolSyntax) -> str:
+    """For `tool_choice: auto`: the pattern (llama.cpp's lazy grammar: over the text so far, its
+    group where the grammar starts) of the calls' opening as the grammar writes it, so that the
+    text it feeds the grammar is always one the grammar takes."""
+    if syntax.json_keys is not None and not (syntax.section_open + syntax.call_open).strip():
+        start = r'\{ ?"' + re.escape(syntax.json_keys[0]) + '"' if syntax.json_keys[0] else r"\{"
+    else:
+        start = re.escape(syntax.trigger)
+    return r"[\s\S]*?(" + start + r"[\s\S]*)"
 
 
 def _schema_rule(converter: Any, schema: Any, rule: str) -> str:

@@ -88,21 +88,18 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
 
 def _forced_calls(params: SamplingParams, syntax: ToolSyntax | None,
                   gen: schema.Generation) -> SamplingParams:
-    """`tool_choice: required` or a named function: a grammar whose only sentences are calls."""
-    if syntax is None or gen.tools.choice not in ("required", "function"):
+    """A reply that may call tools: held to a grammar of calls (runtime/tool_grammar.py)."""
+    if syntax is None:
         return params
-    from dataclasses import replace
+    from infer.runtime.errors import FieldError
+    from infer.runtime.tool_grammar import calls_params
 
-    from infer.runtime.tool_grammar import calls_grammar
-
-    if params.effective_grammar is not None:
-        raise invalid("tool_choice", f"tool_choice {gen.tools.choice!r} constrains the reply to tool "
-                      "calls: it cannot go with a grammar or response_format")
     try:
-        grammar = calls_grammar(syntax, gen.tools.tools, name=gen.tools.name, parallel=gen.tools.parallel)
+        return calls_params(params, syntax, gen.tools)
+    except FieldError as e:
+        raise invalid(e.field, str(e)) from None
     except InferError as e:
         raise invalid("tools", str(e)) from None
-    return replace(params, grammar=grammar)
 
 
 def _tool_syntax(served: Served, gen: schema.Generation, config: Config) -> ToolSyntax | None:

@@ -69,3 +69,22 @@ def test_a_required_call_is_valid_and_reads_back(name: str, session: Session) ->
     jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
     named = calls_grammar(syntax, TOOLS, name="search", parallel=False)  # (tool_choice: one function)
     assert "get_weather" not in named and "search" in named
+
+
+def test_a_lazy_grammar_leaves_the_text_free_until_its_trigger(session: Session) -> None:
+    """llama.cpp's lazy grammar through infer's sampler chain (for `tool_choice: auto`, not used
+    there yet: runtime/tool_grammar.calls_params says why): the reply is the model's own until
+    the trigger's text, then held to the grammar (here, after "glad")."""
+    prompt = session.model.tokenize("<|im_start|>user\nSay hello to me.<|im_end|>\n<|im_start|>assistant\n",
+                                    add_special=False, parse_special=True)
+
+    def reply(**grammar: object) -> Completion:
+        session.context.memory_clear()
+        session.tokens.clear()
+        params = SamplingParams(temperature=0, max_tokens=20, **grammar)
+        return next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
+
+    free = reply()
+    assert free.text.startswith("I'm so glad ") and not free.text.startswith("I'm so glad to help.")
+    held = reply(grammar='root ::= "glad to help."', _grammar_triggers=(r"[\s\S]*?(glad[\s\S]*)",))
+    assert (held.text, held.finish_reason) == ("I'm so glad to help.", "eos")

@@ -209,10 +209,15 @@ def _make_sampler(model: Model, spec: SamplerSpec) -> Any:
         arr_b = (ctypes.c_char_p * len(encoded))(*encoded)
         smpl = C.llama_sampler_init_dry(model.vocab, multiplier, base, allowed_length, last_n,
                                         arr_b, len(encoded))
-    elif kind == "grammar":  # (GBNF text[, the name of its root rule])
-        grammar, root = (*args, "root")[:2]
+    elif kind == "grammar":  # (GBNF text[, the name of its root rule[, trigger patterns: lazy]])
+        grammar, root, triggers = (*args, *("root", ())[len(args) - 1:])
         with native_stderr_captured() as said:  # the parser reports errors on fd 2
-            smpl = C.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), root.encode())
+            if triggers:
+                patterns = (ctypes.c_char_p * len(triggers))(*(t.encode("utf-8") for t in triggers))
+                smpl = C.llama_sampler_init_grammar_lazy_patterns(
+                    model.vocab, grammar.encode("utf-8"), root.encode(), patterns, len(triggers), None, 0)
+            else:
+                smpl = C.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), root.encode())
         detail = " ".join(said.text.split())
         if not smpl:
             raise UsageError(f"invalid grammar: {detail}" if detail else "invalid grammar")
