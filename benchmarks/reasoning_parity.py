@@ -14,15 +14,13 @@ sides, for any model and either flash-attention setting.
 
 from __future__ import annotations
 
-import argparse
-import shlex
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import repacking
-from serve import INFER, LLAMA_BIN, Server, resolve_model
+from serve import parity_parser, resolve_model, server_pair
 from serve_helpers import reply_parts
 
 TEMPLATES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "chat-templates"
@@ -34,11 +32,7 @@ CASES = (  # (name, template, extra request fields)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", nargs="?", default="smollm2", help="a GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--llama-bin", type=Path, default=LLAMA_BIN, help="folder holding llama-server")
-    ap.add_argument("--infer-cmd", default=shlex.join(INFER), help="how to run infer")
-    ap.add_argument("-fa", "--flash-attn", default="off", help="on or off, the same on both sides")
+    ap = parity_parser(__doc__)
     ap.add_argument("-n", "--max-tokens", type=int, default=48)
     ap.add_argument("--prompt", default="What is 2+2?")
     args = ap.parse_args()
@@ -46,21 +40,9 @@ def main() -> None:
     print(repacking.line())
     differ = 0
     for name, template_name, extra in CASES:
-        template = str(TEMPLATES / template_name)
-        common = ["-c", "2048", "-t", "2", "--chat-template-file", template]
-        sides = {
-            "infer serve": [*shlex.split(args.infer_cmd), "serve", model, "-np", "1", *common, "--flash-attn",
-                            args.flash_attn, "--spec-type", "none", "--no-cache", "--no-socket"],
-            "llama-server": [str(args.llama_bin / "llama-server"), "-m", model, "-np", "1", *common,
-                             "--jinja", "--reasoning-format", "deepseek", "-fa", args.flash_attn,
-                             "--no-webui", *repacking.peer_args("llama-server")],
-        }
         payload = {"messages": [{"role": "user", "content": args.prompt}], "temperature": 0,
                    "max_tokens": args.max_tokens, **extra}
-        servers = [Server(side, cmd) for side, cmd in sides.items()]
-        try:
-            for server in servers:
-                server.wait_ready()
+        with server_pair(args, model, TEMPLATES / template_name, "--reasoning-format", "deepseek") as servers:
             for stream in (False, True):
                 got = {server.name: reply_parts(server.url, payload, stream=stream) for server in servers}
                 same = len(set(got.values())) == 1
@@ -68,9 +50,6 @@ def main() -> None:
                 print(f"\n{name} ({'streamed' if stream else 'whole'}): {'same' if same else 'DIFFERENT'}")
                 for side, (reasoning, content) in got.items():
                     print(f"  {side:<13} reasoning_content={reasoning!r}\n  {'':<13} content={content!r}")
-        finally:
-            for server in servers:
-                server.stop()
     sys.exit(1 if differ else 0)
 
 

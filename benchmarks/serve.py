@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import shlex
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -59,6 +61,39 @@ def prompts(n: int) -> list[str]:
     per = len(TOPICS) * len(FORMS)
     return [FORMS[i // len(TOPICS) % len(FORMS)].format(TOPICS[i % len(TOPICS)])
             + (f" (Story number {i}.)" if i >= per else "") for i in range(n)]
+
+
+def parity_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a comparison of infer serve with llama-server, one template at a time."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default="smollm2", help="a GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("--llama-bin", type=Path, default=LLAMA_BIN, help="folder holding llama-server")
+    ap.add_argument("--infer-cmd", default=shlex.join(INFER), help="how to run infer")
+    ap.add_argument("-fa", "--flash-attn", default="off", help="on or off, the same on both sides")
+    return ap
+
+
+@contextlib.contextmanager
+def server_pair(args: argparse.Namespace, model: str, template: Path | str,
+                *llama_extra: str) -> Iterator[list[Server]]:
+    """infer serve and llama-server (with `llama_extra`) on `model` and chat `template`, one slot
+    each, the same flash-attention and repacking settings, both ready; stopped after."""
+    common = ["-c", "2048", "-t", "2", "--chat-template-file", str(template)]
+    sides = {
+        "infer serve": [*shlex.split(args.infer_cmd), "serve", model, "-np", "1", *common, "--flash-attn",
+                        args.flash_attn, "--spec-type", "none", "--no-cache", "--no-socket"],
+        "llama-server": [str(args.llama_bin / "llama-server"), "-m", model, "-np", "1", *common, "--jinja",
+                         *llama_extra, "-fa", args.flash_attn, "--no-webui",
+                         *repacking.peer_args("llama-server")],
+    }
+    servers = [Server(side, cmd) for side, cmd in sides.items()]
+    try:
+        for server in servers:
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def resolve_model(name: str) -> str:

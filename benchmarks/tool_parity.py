@@ -13,9 +13,7 @@ side by side; it is a survey, not a test.
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import repacking
-from serve import INFER, LLAMA_BIN, Server, resolve_model
+from serve import Server, parity_parser, resolve_model, server_pair
 from tiny_model import fixtures_dir
 
 from infer.runtime.tool_syntax import learn
@@ -62,11 +60,7 @@ def ask(server: Server) -> tuple[str, list[tuple[str, object]]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", nargs="?", default="smollm2", help="a GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--llama-bin", type=Path, default=LLAMA_BIN, help="folder holding llama-server")
-    ap.add_argument("--infer-cmd", default=shlex.join(INFER), help="how to run infer")
-    ap.add_argument("-fa", "--flash-attn", default="off", help="on or off, the same on both sides")
+    ap = parity_parser(__doc__)
     ap.add_argument("--only", default="", help="only templates whose file name contains this")
     args = ap.parse_args()
     model = resolve_model(args.model)
@@ -74,22 +68,8 @@ def main() -> None:
     same = both = 0
     chosen = [t for t in templates() if args.only in t.name]
     for template in chosen:
-        common = ["-c", "2048", "-t", "2", "--chat-template-file", str(template)]
-        sides = {
-            "infer serve": [*shlex.split(args.infer_cmd), "serve", model, "-np", "1", *common, "--flash-attn",
-                            args.flash_attn, "--spec-type", "none", "--no-cache", "--no-socket"],
-            "llama-server": [str(args.llama_bin / "llama-server"), "-m", model, "-np", "1", *common,
-                             "--jinja", "-fa", args.flash_attn, "--no-webui",
-                             *repacking.peer_args("llama-server")],
-        }
-        servers = [Server(side, cmd) for side, cmd in sides.items()]
-        try:
-            for server in servers:
-                server.wait_ready()
+        with server_pair(args, model, template) as servers:
             got = {server.name: ask(server) for server in servers}
-        finally:
-            for server in servers:
-                server.stop()
         (ours_error, ours), (theirs_error, theirs) = got["infer serve"], got["llama-server"]
         both += bool(ours and theirs)
         same += bool(ours) and ours == theirs
