@@ -19,17 +19,16 @@ import typer
 
 from infer.cli import options as o
 from infer.cli.batch_input import Item, check_template, done_ids, read_items
+from infer.cli.batch_requests import line_prompt_flags, local_requests, server_body
 from infer.cli.errors import shielded
 from infer.cli.flags import (
     context_params,
     load_plan,
     log_to_stderr,
-    prompt_flags,
     read_text_file,
     resolve,
     sampling_overrides,
     spec_params,
-    thinking_request,
 )
 from infer.cli.placement import explain, report
 from infer.cli.stdin import decode_stdin
@@ -79,7 +78,7 @@ def execute(flags: Mapping[str, Any]) -> int:
     if flags["resume"] and flags["output"] is None:
         raise UsageError("--resume needs -o/--output: the results of the earlier run")
     check_template(flags["template"])
-    _prompt_flags(flags)  # (checked before anything loads)
+    line_prompt_flags(flags)  # (checked before anything loads)
     if flags["template"] is not None and not flags["plain_lines"]:
         raise UsageError("--template wraps plain lines: use it with --lines")
     overrides = sampling_overrides(flags)
@@ -143,7 +142,7 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
     from infer.cli import remote
     from infer.cli.result_json import result_json
 
-    prompt_flags = _prompt_flags(flags)
+    prompt_flags = line_prompt_flags(flags)
 
     def run(todo: list[Item], out: IO[str]) -> int:
         writer = _Writer(out, todo, ordered=flags["ordered"], model=flags["model"], to_json=result_json)
@@ -160,12 +159,10 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
                 try:
                     if item.error is not None:
                         raise UsageError(item.error)
-                    thinking = thinking_request({**prompt_flags, **item.thinking})
-                    body = {"model": flags["model"], "messages": item.messages, "stream": True,
-                            "stream_options": {"include_usage": True},
-                            **remote.request_fields({**overrides, **item.settings}),
-                            **remote.thinking_fields(thinking.think, thinking.variables, thinking.budget)}
+                    body = server_body(flags, item, overrides, prompt_flags)
                     completion = remote.generate(where, "/v1/chat/completions", body)
+                    if item.tools is not None and item.tools.active and completion.tool_calls is None:
+                        completion.tool_calls = []
                 except UsageError as e:  # this line's mistake (the server said 400): the batch goes on
                     with lock:
                         writer.error(item.index, str(e))
@@ -200,8 +197,6 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     from infer.runtime.results import Usage
     from infer.runtime.scheduler import Scheduler
     from infer.runtime.session import common_prefix_len
-    from infer.runtime.thinking import split_completion
-
     opened = _plan(flags, resolved).open_model()
     cparams, parallel, defaults = opened.params, opened.parallel, opened.sampling_defaults
     with opened.model as model:
@@ -210,8 +205,8 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
         template = None
         if flags["chat_template_file"] is not None:
             template = read_text_file(flags["chat_template_file"], "chat template file")
-        requests, errors, plans = _requests(model, items, defaults, overrides, _prompt_flags(flags),
-                                             template)
+        requests, errors, finishes = local_requests(model, items, defaults, overrides,
+                                                    line_prompt_flags(flags), template)
         prefix: list[int] = []
         if len(requests) > 1:
             prefix = requests[0].tokens
@@ -236,7 +231,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
                             usage = outcome.completion.usage
                             guessed.draft_tokens += usage.draft_tokens
                             guessed.accepted_tokens += usage.accepted_tokens
-                            split_completion(outcome.completion, plans.get(outcome.key), model)
+                            finishes[outcome.key](outcome.completion, model)
                             writer.result(outcome.key, outcome.completion)
                             progress.advance(outcome.completion.usage.completion_tokens)
             finally:
@@ -248,39 +243,6 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
         if speculation.enabled:
             sys.stderr.write(f"infer: {describe(guessed)}\n")
     return writer.failed
-
-
-def _prompt_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
-    """The batch's thinking flags (--think...), which a line's own settings override; checked."""
-    given = prompt_flags(flags)
-    thinking_request(given)
-    return given
-
-
-def _requests(model: Any, items: list[Item], defaults: dict[str, Any], overrides: dict[str, Any],
-              prompt_flags: dict[str, Any],
-              template: str | None) -> tuple[list[Any], list[tuple[int, str]], dict[int, Any]]:
-    """Scheduler requests for the items that can run, (index, error) for the others, and a
-    thinking model's plan for each request's reply (by index)."""
-    from infer.runtime.request import Request
-    from infer.runtime.sampling import SamplingParams
-    from infer.runtime.thinking_prompt import thinking_prompt
-
-    requests, errors, plans = [], [], {}
-    for item in items:
-        if item.error is not None:
-            errors.append((item.index, item.error))
-            continue
-        try:
-            params = SamplingParams.resolve(defaults, {**overrides, **item.settings})
-            rendered = thinking_prompt(model, item.messages, template=template,
-                                       request=thinking_request({**prompt_flags, **item.thinking}))
-        except InferError as e:
-            errors.append((item.index, str(e)))
-            continue
-        requests.append(Request(item.index, rendered.tokens, params, thinking=rendered.plan))
-        plans[item.index] = rendered.plan
-    return requests, errors, plans
 
 
 class _Writer:

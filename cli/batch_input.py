@@ -2,8 +2,10 @@
 
 A JSON line is ``{"id": …, "prompt": "…"}`` or ``{"id": …, "messages": [...]}``,
 optionally with ``system``, ``max_tokens``, ``temperature``, ``seed``,
-``json_schema`` (an object or its JSON text), ``stop`` (a string or a list), and a thinking
-model's ``think`` (true, false or a level), ``reasoning_budget`` and ``chat_template_kwargs``.
+``json_schema`` (an object or its JSON text), ``stop`` (a string or a list), a thinking
+model's ``think`` (true, false or a level), ``reasoning_budget`` and ``chat_template_kwargs``,
+and ``tools``, ``tool_choice`` and ``parallel_tool_calls`` as in OpenAI's chat API (the
+messages too may hold earlier calls and tool results).
 With ``--lines`` each non-empty line is one prompt, wrapped by ``--template``
 ("Classify: {line}"). A line that cannot be read becomes an item with an error.
 """
@@ -15,13 +17,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from infer.runtime.errors import UsageError
+from infer.runtime.chat_messages import chat_messages
+from infer.runtime.errors import FieldError, UsageError
+from infer.runtime.tool_request import parse_tools
 
 # Per-line settings and the SamplingParams field each one sets.
 LINE_SETTINGS = {"max_tokens": "max_tokens", "temperature": "temperature", "seed": "seed",
                  "json_schema": "json_schema", "stop": "stop"}
 # Per-line thinking settings, in their flags' form (cli/flags.thinking_request reads them).
 LINE_THINKING = ("think", "reasoning_budget", "chat_template_kwargs")
+LINE_TOOLS = ("tools", "tool_choice", "parallel_tool_calls")  # (runtime/tool_request.py reads them)
 
 
 @dataclass
@@ -31,6 +36,7 @@ class Item:
     messages: list[dict[str, Any]] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     thinking: dict[str, Any] = field(default_factory=dict)  # LINE_THINKING's, as their flags give them
+    tools: Any = None  # the line's tools (runtime.tool_request.ToolRequest), if it has any
     error: str | None = None
 
 
@@ -67,10 +73,15 @@ def _json_item(index: int, number: int, line: str, system: str | None) -> Item:
     prompt, messages = data.get("prompt"), data.get("messages")
     if isinstance(prompt, str) and messages is None:
         messages = [{"role": "user", "content": prompt}]
-    elif not (isinstance(messages, list) and messages and prompt is None
-              and all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                      and isinstance(m.get("content"), str) for m in messages)):
+    elif not (isinstance(messages, list) and messages and prompt is None):
         item.error = 'each line needs "prompt" (a string) or "messages" (a list of {role, content})'
+        return item
+    try:
+        messages = list(chat_messages(messages))
+        if any(key in data for key in LINE_TOOLS):
+            item.tools = parse_tools({key: data[key] for key in LINE_TOOLS if key in data})
+    except FieldError as e:
+        item.error = str(e)
         return item
     line_system = data.get("system", system)
     if line_system is not None and not isinstance(line_system, str):

@@ -60,9 +60,8 @@ def execute(flags: Mapping[str, Any]) -> None:
         from infer.cli.run_tools import tool_request
 
         tools = tool_request(flags)
-    if tools is not None and (flags["raw"] or where is not None):
-        raise UsageError("--tools needs the chat template of a model loaded here: not with --raw, and not "
-                         "through a server yet (INFER_SERVER, --server)")
+    if tools is not None and flags["raw"]:
+        raise UsageError("--tools needs the chat template: not with --raw")
     template = None
     if flags["chat_template_file"] is not None:
         template = read_text_file(flags["chat_template_file"], "chat template file")
@@ -77,7 +76,7 @@ def execute(flags: Mapping[str, Any]) -> None:
         from infer.cli.plain_args import defaults
 
         remote.refuse_local_flags(flags, defaults("run"))
-        _execute_remote(flags, where, model, prompt_arg, record, overrides)
+        _execute_remote(flags, where, model, prompt_arg, record, overrides, tools)
         return
     _execute_here(flags, model, prompt_arg, record, overrides, template, continuing=continuing, tools=tools)
 
@@ -183,19 +182,22 @@ def _ask(record: Any, model: str, system: str | None, text: str) -> Any:
 
 
 def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any, reply: Any) -> None:
-    """After the reply: the conversation saved, --json's object, -v's statistics."""
+    """After the reply: its tool calls, the conversation saved, --json's object, -v's statistics."""
     from infer.cli import conversations
 
-    calls = reply if hasattr(reply, "calls") else None  # (cli/run_tools.CallReply)
+    if hasattr(reply, "settle"):  # (cli/run_tools.CallReply)
+        reply.settle(completion)
+    if completion.tool_calls and not flags["json_output"]:
+        from infer.cli.run_tools import print_calls
+
+        print_calls(completion.tool_calls)
     if record is not None:
-        record.messages.append(calls.message(completion) if calls else completion.message())
+        record.messages.append(completion.message())
         conversations.save(record)
     if flags["json_output"]:
         from infer.cli.result_json import result_json
 
         result = result_json(model, completion)
-        if calls is not None:
-            result = calls.result(result)
         if record is not None:
             result["conversation"] = record.id
         _write(json.dumps(result, ensure_ascii=False) + "\n")
@@ -204,7 +206,7 @@ def _report(flags: Mapping[str, Any], model: str, completion: Any, record: Any, 
 
 
 def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str, prompt_arg: str | None,
-                    record: Any, overrides: Mapping[str, Any]) -> None:
+                    record: Any, overrides: Mapping[str, Any], tools: Any) -> None:
     """`infer run` through the server at `where`: the same prompt, output and exit codes."""
     from infer.cli import remote
 
@@ -221,12 +223,18 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
         record = _ask(record, model, system, text)
         path, body = "/v1/chat/completions", {"messages": record.messages}
         fields.update(remote.thinking_fields(*prompt_settings(flags), reasoning_budget(flags)))
+        if tools is not None:
+            from infer.cli.run_tools import request_fields
+
+            fields.update(request_fields(tools))
     body.update(model=model, stream=True, stream_options={"include_usage": True}, **fields)
     reply = _reply(flags)
     try:  # (Ctrl-C closes the connection: the server stops the request)
         completion = remote.generate(where, path, body, on_text=reply.piece, on_thought=reply.reasoning)
     finally:
         reply.end()
+    if tools is not None and completion.tool_calls is None:
+        completion.tool_calls = []
     _report(flags, model, completion, record, reply)
 
 

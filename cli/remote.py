@@ -264,6 +264,7 @@ def events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[Any]:
 
     pieces: list[str] = []
     thoughts: list[str] = []
+    calls: list[dict[str, Any]] = []  # (OpenAI's tool calls, assembled from their pieces)
     usage: dict[str, Any] = {}
     ours: dict[str, Any] = {}
     finish = "length"
@@ -279,6 +280,8 @@ def events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[Any]:
                 if piece:
                     pieces.append(piece)
                     yield Piece(piece)
+                for call in (choice.get("delta") or {}).get("tool_calls") or ():
+                    _add_call_piece(calls, call)
                 if choice.get("finish_reason"):
                     finish = "eos" if choice["finish_reason"] == "stop" else choice["finish_reason"]
             usage = event.get("usage") or usage
@@ -287,14 +290,27 @@ def events(addr: Address, path: str, body: Mapping[str, Any]) -> Iterator[Any]:
         stream.close()
     t = ours.get("timings") or {}
     yield Completion(
-        "".join(pieces), ours.get("finish_reason", finish),
+        "".join(pieces), finish if finish == "tool_calls" else ours.get("finish_reason", finish),
         Usage(usage.get("prompt_tokens", 0),
               (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
               usage.get("completion_tokens", 0), ours.get("draft_tokens", 0), ours.get("accepted_tokens", 0)),
         Timings(0.0, t.get("prefill_ms", 0.0), t.get("decode_ms", 0.0), t.get("ttft_ms", 0.0),
                 t.get("prefill_tokens", 0)),
         ours.get("seed"), reasoning="".join(thoughts) if "completion_tokens_details" in usage else None,
-        reasoning_tokens=(usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0))
+        reasoning_tokens=(usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0),
+        tool_calls=calls or None)
+
+
+def _add_call_piece(calls: list[dict[str, Any]], piece: Mapping[str, Any]) -> None:
+    """A streamed `delta.tool_calls` item added to the calls: a new call (its id and name) or
+    more of one's arguments."""
+    index = piece.get("index", len(calls))
+    while len(calls) <= index:
+        calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    call, fn = calls[index], piece.get("function") or {}
+    call["id"] = piece.get("id") or call["id"]
+    call["function"]["name"] += fn.get("name") or ""
+    call["function"]["arguments"] += fn.get("arguments") or ""
 
 
 def generate(addr: Address, path: str, body: Mapping[str, Any], *,

@@ -16,6 +16,7 @@ def result_json(model: str, c: Any) -> dict[str, Any]:
         "model": model,
         "text": c.text,
         **({"reasoning": c.reasoning} if getattr(c, "reasoning", None) is not None else {}),
+        **({"tool_calls": c.tool_calls} if getattr(c, "tool_calls", None) is not None else {}),
         "finish_reason": c.finish_reason,
         "seed": c.seed,
         "usage": {

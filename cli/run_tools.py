@@ -54,8 +54,8 @@ def tool_syntax_here(model: Any, template: str | None) -> Any:
 
 
 class CallReply:
-    """A reply's text split into content (to the reply it wraps) and tool calls (printed as JSON
-    lines at the end, unless the reply is not streamed: --json reports them)."""
+    """A reply's text split as it streams into content (to the reply it wraps) and tool calls,
+    which `settle` puts in the Completion."""
 
     def __init__(self, reply: Any, syntax: Any, request: Any) -> None:
         from infer.runtime.tool_stream import ToolCallStream
@@ -76,11 +76,6 @@ class CallReply:
     def end(self) -> None:
         self._content(self.stream.finish())
         self.reply.end()
-        if self.reply.stream:
-            for call in self.calls():
-                sys.stdout.write(json.dumps({"name": call["function"]["name"],
-                                             "arguments": _arguments(call)}, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
 
     def _content(self, events: list[Any]) -> None:
         for event in events:
@@ -88,24 +83,25 @@ class CallReply:
                 self.content += event
                 self.reply.piece(event)
 
-    def calls(self) -> list[dict[str, Any]]:
-        return [c.as_openai() for c in self.stream.calls if c.done]
+    def settle(self, completion: Any) -> None:
+        from infer.runtime.tool_stream import settle_calls
 
-    def message(self, completion: Any) -> dict[str, Any]:
-        """The assistant message of the conversation: its text, calls and reasoning."""
-        message = {**completion.message(), "content": self.content.strip()}
-        if self.calls():
-            message["tool_calls"] = self.calls()
-        return message
+        settle_calls(completion, self.content, self.stream.calls)
 
-    def result(self, result: dict[str, Any]) -> dict[str, Any]:
-        """--json's object with the calls apart from the text."""
-        calls = self.calls()
-        result["text"] = self.content.strip() if calls else self.content
-        result["tool_calls"] = calls
-        if calls and result.get("finish_reason") in ("eos", "stop"):
-            result["finish_reason"] = "tool_calls"
-        return result
+
+def print_calls(calls: list[dict[str, Any]]) -> None:
+    """Each call as one JSON line on stdout, `{"name": …, "arguments": {…}}`."""
+    for call in calls:
+        sys.stdout.write(json.dumps({"name": call["function"]["name"], "arguments": _arguments(call)},
+                                    ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def request_fields(request: Any) -> dict[str, Any]:
+    """A ToolRequest as the fields of a chat request to a server."""
+    choice = {"type": "function", "function": {"name": request.name}} if request.choice == "function" \
+        else request.choice
+    return {"tools": list(request.tools), "tool_choice": choice, "parallel_tool_calls": request.parallel}
 
 
 def _arguments(call: Mapping[str, Any]) -> Any:

@@ -8,6 +8,10 @@ start-up; `_Record` gives them a dataclass's equality and repr.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # (typing costs the start-up of `infer run`: cli/main.py)
+if TYPE_CHECKING:
+    from typing import Any
+
 
 class _Record:
     __slots__: tuple[str, ...] = ()
@@ -89,13 +93,14 @@ class Completion(_Record):
     """The end of a generation: what was produced, why it ended, and what it cost."""
 
     _order = ("text", "finish_reason", "usage", "timings", "seed", "stop_string", "tokens", "reasoning",
-              "reasoning_tokens")
+              "reasoning_tokens", "tool_calls")
     __slots__ = _order
     _hidden = ("tokens",)
 
     def __init__(self, text: str, finish_reason: str, usage: Usage, timings: Timings, seed: int | None,
                  stop_string: str | None = None, tokens: list[int] | None = None,
-                 reasoning: str | None = None, reasoning_tokens: int = 0) -> None:
+                 reasoning: str | None = None, reasoning_tokens: int = 0,
+                 tool_calls: list[dict[str, Any]] | None = None) -> None:
         self.text = text
         self.finish_reason = finish_reason  # "eos", "stop" (a stop string), or "length"
         self.usage = usage
@@ -105,9 +110,13 @@ class Completion(_Record):
         self.tokens = [] if tokens is None else tokens
         self.reasoning = reasoning  # a thinking model's reasoning, apart from `text` (None: no convention)
         self.reasoning_tokens = reasoning_tokens  # of the completion tokens, those of the reasoning
+        # Where tools were given: the calls read from the reply, in OpenAI's shape, `text` then
+        # holds only the content (runtime/tool_stream.split_calls); None: no tools.
+        self.tool_calls = tool_calls
 
-    def message(self) -> dict[str, str]:
+    def message(self) -> dict[str, Any]:
         """The reply as a conversation's assistant message, a thinking model's reasoning kept for
-        the template (`reasoning_content`)."""
+        the template (`reasoning_content`), and its tool calls."""
         reasoning = {"reasoning_content": self.reasoning} if self.reasoning else {}
-        return {"role": "assistant", "content": self.text, **reasoning}
+        calls = {"tool_calls": self.tool_calls} if self.tool_calls else {}
+        return {"role": "assistant", "content": self.text, **reasoning, **calls}

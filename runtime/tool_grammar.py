@@ -85,21 +85,20 @@ def calls_grammar(syntax: ToolSyntax, tools: Sequence[Mapping[str, Any]], *, nam
 def calls_params(params: Any, syntax: ToolSyntax, request: Any) -> Any:
     """The sampling parameters (runtime.sampling.SamplingParams) of a reply that may call the
     tools of `request` (runtime.tool_request.ToolRequest): `required` or one function, held to a
-    grammar of calls; `auto` and `none` as they are.
-
-    Not yet for `auto`: llama.cpp's lazy grammar (`trigger_pattern`, which the sampler chain
-    takes) feeds the grammar the text from the trigger to the end of the token that completed
-    it, and a token that goes on past the marker in a way the grammar refuses makes llama.cpp
-    throw from C (the process ends). Until the trigger is made safe, `auto` reads whatever calls
-    the model writes."""
+    grammar of calls; `auto`, free text until the calls' opening, then held to that grammar
+    (a grammar that waits for `trigger_pattern`: runtime/llama/grammar_trigger.py); `none`
+    as they are. With `auto`, a grammar or JSON schema of the request's own wins: the reply
+    is held to it, and calls are read as the model writes them."""
     from dataclasses import replace
 
-    if request.choice in ("none", "auto"):
+    if request.choice == "none" or (request.choice == "auto" and params.effective_grammar is not None):
         return params
     if params.effective_grammar is not None:
         raise FieldError("tool_choice", f"tool_choice {request.name or request.choice!r} holds the reply to "
                          "tool calls: it cannot go with a grammar or a JSON schema")
     grammar = calls_grammar(syntax, request.tools, name=request.name, parallel=request.parallel)
+    if request.choice == "auto":
+        return replace(params, grammar=grammar, _grammar_triggers=(trigger_pattern(syntax),))
     return replace(params, grammar=grammar)
 
 

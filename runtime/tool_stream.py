@@ -118,3 +118,22 @@ class ToolCallStream:
         self._scan(events, final)
         if self.buffer is not None:
             self._read(events, final)
+
+
+def settle_calls(completion: Any, content: str, calls: Iterable[ToolCall]) -> Any:
+    """Set a Completion's text to the content alone and its `tool_calls` (the whole calls, in
+    OpenAI's shape); a reply that called ends for "tool_calls"."""
+    whole = [call.as_openai() for call in calls if call.done]
+    completion.text = content.strip() if whole else content
+    completion.tool_calls = whole
+    if whole and completion.finish_reason in ("eos", "stop"):
+        completion.finish_reason = "tool_calls"
+    return completion
+
+
+def split_calls(completion: Any, syntax: ToolSyntax, request: Any) -> Any:
+    """A whole Completion with the calls of `request` (runtime.tool_request.ToolRequest) apart
+    (see `settle_calls`)."""
+    stream = ToolCallStream(syntax, request.tools, single=not request.parallel)
+    events = stream.feed(completion.text) + stream.finish()
+    return settle_calls(completion, "".join(e for e in events if isinstance(e, str)), stream.calls)

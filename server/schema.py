@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from infer.runtime.chat_messages import chat_messages
 from infer.runtime.errors import FieldError
 from infer.runtime.request_params import PARAMS, SAMPLING, Param, out_of_range
 from infer.runtime.thinking_prompt import ThinkingRequest
-from infer.runtime.tool_request import ToolRequest, assistant_calls, parse_tools, tool_result
+from infer.runtime.tool_request import ToolRequest, parse_tools
 from infer.server.errors import ApiError, invalid, unsupported
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413)
@@ -135,7 +136,7 @@ def _generation(body: dict[str, Any], *, chat: bool) -> Generation:
                               "return_tokens": bool(_optional(body, "return_tokens", bool))}
     thinking = _thinking(body)
     if chat:
-        return Generation(chat=True, messages=_messages(body.get("messages")), thinking=thinking,
+        return Generation(chat=True, messages=chat_messages(body.get("messages")), thinking=thinking,
                           tools=parse_tools(body), **common)
     for name in ("tools", "tool_choice"):
         if body.get(name) is not None:
@@ -304,66 +305,6 @@ def _chat_logprobs(body: dict[str, Any]) -> int | None:
     if top is not None and not wanted:
         raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
     return (top or 0) if wanted else None
-
-
-def _messages(value: Any) -> tuple[dict[str, str], ...]:
-    if not isinstance(value, list) or not value:
-        raise invalid("messages", "messages must be a non-empty array")
-    out: list[dict[str, Any]] = []
-    names: dict[str, str] = {}  # a call's id -> its function's name
-    for i, m in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise invalid(where, f"{where} must be an object")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if m.get("function_call"):
-            raise unsupported(f"{where}.function_call", "the legacy function-calling API (use tool_calls)")
-        if role not in ("system", "user", "assistant", "tool"):
-            raise invalid(f"{where}.role", f"{where}.role must be system, developer, user, assistant or tool")
-        calls = assistant_calls(m, where) if role == "assistant" and m.get("tool_calls") is not None else []
-        content = m.get("content")
-        message = {**(tool_result(m, where, names) if role == "tool" else {"role": role}),
-                   "content": "" if content is None and calls else _content(content, f"{where}.content")}
-        if calls:
-            message["tool_calls"] = calls
-            names.update((c["id"], c["function"]["name"]) for c in calls)
-        reasoning = _history_reasoning(m, where) if role == "assistant" else None
-        if reasoning is not None:
-            message["reasoning_content"] = reasoning
-        out.append(message)
-    return tuple(out)
-
-
-def _history_reasoning(message: dict[str, Any], where: str) -> str | None:
-    """An earlier reply's reasoning (llama-server's and vLLM's `reasoning_content`, also
-    `reasoning` or Ollama's `thinking`), passed to templates that render it."""
-    for name in ("reasoning_content", "reasoning", "thinking"):
-        value = message.get(name)
-        if value is not None:
-            if not isinstance(value, str):
-                raise invalid(f"{where}.{name}", f"{where}.{name} must be a string")
-            return value
-    return None
-
-
-def _content(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise invalid(where, f"{where} must be a string or an array of text parts")
-    texts = []
-    for j, part in enumerate(value):
-        at = f"{where}[{j}]"
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise invalid(at, f"{at} must be an object with a type")
-        if part["type"] != "text":
-            raise unsupported(f"{at}.type", f"a content part of type {part['type']!r}")
-        if not isinstance(part.get("text"), str):
-            raise invalid(f"{at}.text", f"{at}.text must be a string")
-        texts.append(part["text"])
-    return "".join(texts)
 
 
 def _prompt(value: Any) -> str | tuple[int, ...]:

@@ -71,10 +71,12 @@ def test_a_required_call_is_valid_and_reads_back(name: str, session: Session) ->
     assert "get_weather" not in named and "search" in named
 
 
-def test_a_lazy_grammar_leaves_the_text_free_until_its_trigger(session: Session) -> None:
-    """llama.cpp's lazy grammar through infer's sampler chain (for `tool_choice: auto`, not used
-    there yet: runtime/tool_grammar.calls_params says why): the reply is the model's own until
-    the trigger's text, then held to the grammar (here, after "glad")."""
+def test_a_grammar_with_a_trigger_leaves_the_text_free_until_it(session: Session) -> None:
+    """A grammar that waits for its trigger (`tool_choice: auto`): the reply is the model's own
+    until the trigger's text, then held to the grammar from the pattern's group on, where that
+    group may begin inside a token (here " so" completes "m so"); and where the token that
+    completes the trigger goes on in a way the grammar refuses, the reply goes on free, where
+    llama.cpp's own lazy grammar throws from C and ends the process."""
     prompt = session.model.tokenize("<|im_start|>user\nSay hello to me.<|im_end|>\n<|im_start|>assistant\n",
                                     add_special=False, parse_special=True)
 
@@ -88,3 +90,7 @@ def test_a_lazy_grammar_leaves_the_text_free_until_its_trigger(session: Session)
     assert free.text.startswith("I'm so glad ") and not free.text.startswith("I'm so glad to help.")
     held = reply(grammar='root ::= "glad to help."', _grammar_triggers=(r"[\s\S]*?(glad[\s\S]*)",))
     assert (held.text, held.finish_reason) == ("I'm so glad to help.", "eos")
+    inside = reply(grammar='root ::= "m so very glad."', _grammar_triggers=(r"[\s\S]*?(m so[\s\S]*)",))
+    assert (inside.text, inside.finish_reason) == ("I'm so very glad.", "eos")
+    refused = reply(grammar='root ::= "I\'m sad."', _grammar_triggers=(r"[\s\S]*?(I'm s[\s\S]*)",))
+    assert refused.text == free.text

@@ -4,12 +4,12 @@ a grammar in it is checked on the drawn token first."""
 from __future__ import annotations
 
 import ctypes
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from infer.runtime.errors import LlamaError, UsageError
 from infer.runtime.llama.bindings import C
+from infer.runtime.llama.grammar_trigger import GrammarTrigger, allows
 from infer.runtime.llama.stderr import native_stderr_captured
 from infer.runtime.log import logger
 
@@ -50,7 +50,8 @@ class SamplerChain:
     """A native llama.cpp sampler chain; sampling and accepting happen in C.
 
     Besides the plain samplers above it takes ``logit_bias`` ((token, bias) pairs),
-    ``grammar`` (GBNF text) and ``dry`` (multiplier, base, allowed length,
+    ``grammar`` (GBNF text[, its root rule[, trigger patterns: a grammar that waits for
+    them, runtime/llama/grammar_trigger.py]]) and ``dry`` (multiplier, base, allowed length,
     penalty-last-n, sequence breakers).
 
     A grammar is checked on the drawn token first, as llama.cpp's own tools do
@@ -65,13 +66,14 @@ class SamplerChain:
     def __init__(self, model: Model, specs: Sequence[SamplerSpec]) -> None:
         self._model = model
         self._grammar: Any = None
+        self._trigger: GrammarTrigger | None = None  # what the grammar waits for, if it waits
         self._ptr: Any = None  # every sampler but the grammar, in order
         self._n_vocab = model.n_vocab
         self._candidates: _Candidates | None = None  # made at the first refused draw
         try:
             for spec in specs:
                 if spec.kind == "grammar":
-                    self._grammar = _make_sampler(model, spec)
+                    self.set_grammar(spec)
             self._ptr = _chain(model, [spec for spec in specs if spec.kind != "grammar"])
         except BaseException:
             self.close()
@@ -80,12 +82,15 @@ class SamplerChain:
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """Sample from the logits of output `idx` and accept the token into the chain's state."""
         if self._grammar is None:
-            return int(C.llama_sampler_sample(self._ptr, ctx._ptr, idx))
+            token = int(C.llama_sampler_sample(self._ptr, ctx._ptr, idx))
+            if self._trigger is not None:
+                self._watch(token)
+            return token
         before = C.llama_sampler_clone(self._ptr)
         if not before:
             raise LlamaError("llama.cpp could not copy the sampler chain")
         token = int(C.llama_sampler_sample(self._ptr, ctx._ptr, idx))
-        if self._allows(token):
+        if allows(self._grammar, token):
             C.llama_sampler_free(before)
         else:  # draw again from the state before, among the tokens the grammar allows
             C.llama_sampler_free(self._ptr)
@@ -95,11 +100,14 @@ class SamplerChain:
         C.llama_sampler_accept(self._grammar, token)
         return token
 
-    def _allows(self, token: int) -> bool:
-        one = C.llama_token_data(token, 0.0, 0.0)
-        cur = C.llama_token_data_array(ctypes.pointer(one), 1, -1, False)
-        C.llama_sampler_apply(self._grammar, ctypes.byref(cur))
-        return cur.data[0].logit != -math.inf
+    def _watch(self, token: int) -> None:
+        assert self._trigger is not None
+        done, self._grammar = self._trigger.feed(
+            token, lambda grammar, root: _make_sampler(self._model, SamplerSpec("grammar", (grammar, root))))
+        if done:
+            self._trigger = None
+            if self._grammar is None:
+                log.debug("the text that completed the grammar's trigger is not the grammar's: left free")
 
     def _constrained_draw(self, ctx: Context, idx: int) -> int:
         """The grammar over the whole vocabulary, then the chain: the token selected."""
@@ -120,15 +128,24 @@ class SamplerChain:
     def set_grammar(self, spec: SamplerSpec | None) -> None:
         """Constrain what follows with a fresh grammar (a "grammar" spec), or no longer (None):
         the other samplers keep their state (a thinking model's answer: runtime/thinking.py)."""
-        fresh = _make_sampler(self._model, spec) if spec is not None else None
+        trigger, fresh = None, None
+        if spec is not None and spec.args[2:] and spec.args[2]:
+            grammar, root, patterns = spec.args
+            checked = _make_sampler(self._model, SamplerSpec("grammar", (grammar, root)))  # (bad: raises now)
+            C.llama_sampler_free(checked)
+            trigger = GrammarTrigger(self._model, grammar, root, tuple(patterns))
+        elif spec is not None:
+            fresh = _make_sampler(self._model, spec)
         if self._grammar:
             C.llama_sampler_free(self._grammar)
-        self._grammar = fresh
+        self._grammar, self._trigger = fresh, trigger
 
     def accept(self, token: int) -> None:
         C.llama_sampler_accept(self._ptr, token)
         if self._grammar:
             C.llama_sampler_accept(self._grammar, token)
+        elif self._trigger is not None:
+            self._watch(token)
 
     def clone(self) -> SamplerChain:
         """An independent copy in the same state (random generator, penalties, grammar)."""
@@ -136,6 +153,7 @@ class SamplerChain:
         twin._model, twin._n_vocab, twin._candidates = self._model, self._n_vocab, None
         twin._ptr = C.llama_sampler_clone(self._ptr)
         twin._grammar = C.llama_sampler_clone(self._grammar) if self._grammar else None
+        twin._trigger = self._trigger.copy() if self._trigger is not None else None
         return twin
 
     def close(self) -> None:
@@ -209,15 +227,10 @@ def _make_sampler(model: Model, spec: SamplerSpec) -> Any:
         arr_b = (ctypes.c_char_p * len(encoded))(*encoded)
         smpl = C.llama_sampler_init_dry(model.vocab, multiplier, base, allowed_length, last_n,
                                         arr_b, len(encoded))
-    elif kind == "grammar":  # (GBNF text[, the name of its root rule[, trigger patterns: lazy]])
-        grammar, root, triggers = (*args, *("root", ())[len(args) - 1:])
+    elif kind == "grammar":  # (GBNF text[, the name of its root rule])
+        grammar, root = (*args, "root")[:2]
         with native_stderr_captured() as said:  # the parser reports errors on fd 2
-            if triggers:
-                patterns = (ctypes.c_char_p * len(triggers))(*(t.encode("utf-8") for t in triggers))
-                smpl = C.llama_sampler_init_grammar_lazy_patterns(
-                    model.vocab, grammar.encode("utf-8"), root.encode(), patterns, len(triggers), None, 0)
-            else:
-                smpl = C.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), root.encode())
+            smpl = C.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), root.encode())
         detail = " ".join(said.text.split())
         if not smpl:
             raise UsageError(f"invalid grammar: {detail}" if detail else "invalid grammar")
