@@ -43,3 +43,29 @@ def test_bad_tools_are_usage_errors(smollm2, infer_home):
                         (["--tools", json.dumps([TOOL])], "writes no tool calls")):
         r = run_cli("run", smollm2, "Hi", *args)
         assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+
+
+def test_batch_lines_with_tools_have_tool_calls(smollm2, infer_home):
+    """`infer batch` lines may carry tools, tool_choice and parallel_tool_calls, and histories
+    with earlier calls and tool results: a required call comes back in `tool_calls` (valid for
+    its schema), a line without tools as before, and a line with bad tools as an error object."""
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    earlier = {"id": "c1", "type": "function",
+               "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    called = [*ask, {"role": "assistant", "content": None, "tool_calls": [earlier]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"sky": "clear"}'}]
+    lines = [{"id": "call", "messages": ask, "tools": [TOOL], "tool_choice": "required",
+              "parallel_tool_calls": False},
+             {"id": "after", "messages": called, "tools": [TOOL], "tool_choice": "none", "max_tokens": 8},
+             {"id": "plain", "prompt": "Hi", "max_tokens": 4},
+             {"id": "bad", "prompt": "Hi", "tools": [{"type": "function", "function": {"name": "a b"}}]}]
+    r = run_cli("batch", smollm2, "--chat-template-file", QWEN3, "--temp", "0", "--think", "off", "-n", "120",
+                input="".join(json.dumps(line) + "\n" for line in lines))
+    assert r.returncode == 2, r.stderr  # (one line failed)
+    got = {x["id"]: x for x in map(json.loads, r.stdout.splitlines())}
+    (call,) = got["call"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and got["call"]["finish_reason"] == "tool_calls"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL["function"]["parameters"])
+    assert got["after"]["text"] and "tool_calls" not in got["after"]
+    assert got["after"]["usage"]["prompt_tokens"] > got["plain"]["usage"]["prompt_tokens"]
+    assert "tool_calls" not in got["plain"] and "tools[0].function.name" in got["bad"]["error"]

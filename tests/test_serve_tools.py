@@ -10,6 +10,7 @@ import json
 import jsonschema
 import openai
 import pytest
+from conftest import run_cli
 from serve_helpers import Server
 from tiny_model import fixtures_dir
 
@@ -121,3 +122,54 @@ def test_bad_tool_fields_are_refused_naming_the_field(client: openai.OpenAI, fie
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(**body)
     assert caught.value.body["param"] == param
+
+
+def test_auto_streams_a_call_the_model_begins_held_to_its_grammar(client: openai.OpenAI, smollm2) -> None:
+    """`tool_choice: auto` (the default): nudged to begin with "<", the model begins a
+    `<tool_call>` and the grammar holds it to a valid call of one tool; streamed, the official
+    client assembles the same call as the whole reply has, and no piece of it is content."""
+    from infer.runtime.llama import Model
+
+    with Model(smollm2, vocab_only=True) as model:
+        (lt,) = model.tokenize("<", add_special=False, parse_special=False)
+    asked = {"model": "smollm2", "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 120,
+             "logit_bias": {str(lt): 5}, "parallel_tool_calls": False, "extra_body": {"think": False}}
+    whole = client.chat.completions.create(**asked).choices[0]
+    assert whole.finish_reason == "tool_calls" and not whole.message.content, whole
+    (call,) = whole.message.tool_calls
+    _valid(call)
+    with client.chat.completions.stream(**asked) as stream:
+        content = "".join(e.delta for e in stream if e.type == "content.delta")
+        final = stream.get_final_completion().choices[0]
+    assert content == "" and final.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
+        [(call.function.name, call.function.arguments)]
+
+
+def test_infer_run_and_batch_through_the_server_give_the_calls(server: Server, tmp_path) -> None:
+    """`infer run --tools` and `infer batch` lines with tools, sent to the server (INFER_SERVER):
+    run prints each call as a JSON line (and --json has them in OpenAI's shape), a batch line's
+    result has `tool_calls`; the same calls as the server's own reply."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    env = {"INFER_SERVER": server.url}
+    args = ["run", "smollm2", ASK[0]["content"], "--tools", f"@{tools}", "--tool-choice", "get_weather",
+            "--temp", "0", "--think", "off", "-n", "120"]
+    plain = run_cli(*args, env=env)
+    assert plain.returncode == 0, plain.stderr
+    lines = [json.loads(line) for line in plain.stdout.splitlines()]
+    assert lines and all(c["name"] == "get_weather" for c in lines)
+    result = json.loads(run_cli(*args, "--json", env=env).stdout)
+    assert result["finish_reason"] == "tool_calls" and result["text"] == ""
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in result["tool_calls"]]
+    assert calls == [(c["name"], c["arguments"]) for c in lines]
+    line = {"id": "w", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+            "max_tokens": 120, "think": False, "parallel_tool_calls": False}
+    batch = run_cli("batch", "smollm2", input=json.dumps(line) + "\n", env=env)
+    assert batch.returncode == 0, batch.stderr
+    (got,) = [json.loads(x) for x in batch.stdout.splitlines()]
+    (call,) = got["tool_calls"]
+    assert got["finish_reason"] == "tool_calls" and got["text"] == ""
+    jsonschema.validate(json.loads(call["function"]["arguments"]),
+                        next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
+                        ["function"]["parameters"])

@@ -94,3 +94,38 @@ def test_a_grammar_with_a_trigger_leaves_the_text_free_until_it(session: Session
     assert (inside.text, inside.finish_reason) == ("I'm so very glad.", "eos")
     refused = reply(grammar='root ::= "I\'m sad."', _grammar_triggers=(r"[\s\S]*?(I'm s[\s\S]*)",))
     assert refused.text == free.text
+
+
+def test_auto_holds_a_call_the_model_begins_to_its_grammar(session: Session) -> None:
+    """`tool_choice: auto`: the model is free to write text, and once it begins a call (here
+    nudged to begin with "<" under Qwen 3's template, which shows `<tool_call>` calls), the
+    call is held to the grammar: a whole call (one: parallel_tool_calls is false) of a tool,
+    with valid arguments, and the reply ends there. The same nudge
+    without the grammar gives no call at all, so the grammar is what made them valid."""
+    from infer.runtime.thinking_prompt import thinking_prompt
+    from infer.runtime.tool_grammar import calls_params
+    from infer.runtime.tool_request import parse_tools
+    from infer.runtime.tool_stream import split_calls
+
+    template = _template("Qwen-Qwen3-0.6B")
+    syntax = learn(template)
+    request = parse_tools({"tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": False})
+    prompt = thinking_prompt(session.model, [{"role": "user", "content": "What's the weather in Paris?"}],
+                             template=template, tools=TOOLS).tokens
+    (lt,) = session.model.tokenize("<", add_special=False, parse_special=False)
+    nudged = SamplingParams(temperature=0, max_tokens=150, logit_bias=((lt, 8.0),))
+
+    def reply(params: SamplingParams) -> Completion:
+        session.context.memory_clear()
+        session.tokens.clear()
+        done = next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
+        return split_calls(done, syntax, request)
+
+    held = reply(calls_params(nudged, syntax, request))
+    assert len(held.tool_calls) == 1 and held.finish_reason == "tool_calls" and held.text == ""
+    for call in held.tool_calls:
+        tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
+        jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+    free = reply(nudged)
+    assert free.text.startswith("<tool_call>") and free.tool_calls == []
+    assert calls_params(nudged, syntax, parse_tools({"tools": TOOLS, "tool_choice": "none"})) is nudged
