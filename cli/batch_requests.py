@@ -9,7 +9,7 @@ from typing import Any
 
 from infer.cli.batch_input import Item
 from infer.cli.flags import prompt_flags, thinking_request
-from infer.runtime.errors import InferError, UsageError
+from infer.runtime.errors import InferError
 
 
 def line_prompt_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,6 +43,7 @@ def local_requests(model: Any, items: list[Item], defaults: dict[str, Any], over
                    template: str | None) -> tuple[list[Any], list[tuple[int, str]], dict[int, Finish]]:
     """Scheduler requests for the items that can run, (index, error) for the others, and what
     to read from each request's reply (by index)."""
+    from infer.runtime.prompt import tool_syntax
     from infer.runtime.request import Request
     from infer.runtime.sampling import SamplingParams
     from infer.runtime.thinking_prompt import thinking_prompt
@@ -57,7 +58,7 @@ def local_requests(model: Any, items: list[Item], defaults: dict[str, Any], over
             params = SamplingParams.resolve(defaults, {**overrides, **item.settings})
             finish = Finish()
             if item.tools is not None and item.tools.active:
-                finish.syntax, finish.tools = _syntax(model, template), item.tools
+                finish.syntax, finish.tools = tool_syntax(model, template), item.tools
                 params = calls_params(params, finish.syntax, item.tools)
             rendered = thinking_prompt(model, item.messages, template=template,
                                        request=thinking_request({**prompt_flags, **item.thinking}),
@@ -69,16 +70,6 @@ def local_requests(model: Any, items: list[Item], defaults: dict[str, Any], over
         requests.append(Request(item.index, rendered.tokens, params, thinking=rendered.plan))
         finishes[item.index] = finish
     return requests, errors, finishes
-
-
-def _syntax(model: Any, template: str | None) -> Any:
-    from infer.runtime.prompt import tool_syntax
-
-    syntax = tool_syntax(model, template)
-    if syntax is None:
-        raise UsageError("this model's chat template writes no tool calls that infer can read "
-                         "(--chat-template-file gives it another)")
-    return syntax
 
 
 def server_body(flags: Mapping[str, Any], item: Item, overrides: Mapping[str, Any],

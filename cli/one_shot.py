@@ -141,10 +141,11 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
 
 def _calling(model: Any, template: str | None, tools: Any, params: Any, reply: _Reply) -> tuple[Any, Any]:
     """The sampling parameters and the reply of a run that may call tools (cli/run_tools.py)."""
-    from infer.cli.run_tools import CallReply, tool_syntax_here
+    from infer.cli.run_tools import CallReply
+    from infer.runtime.prompt import tool_syntax
     from infer.runtime.tool_grammar import calls_params
 
-    syntax = tool_syntax_here(model, template)
+    syntax = tool_syntax(model, template)
     return calls_params(params, syntax, tools), CallReply(reply, syntax, tools)
 
 

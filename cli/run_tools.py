@@ -42,17 +42,6 @@ def tool_request(flags: Mapping[str, Any]) -> Any:
         raise UsageError(f"{flag}: {e}") from None
 
 
-def tool_syntax_here(model: Any, template: str | None) -> Any:
-    """How the model (or --chat-template-file) writes calls; a usage error where it writes none."""
-    from infer.runtime.prompt import tool_syntax
-
-    syntax = tool_syntax(model, template)
-    if syntax is None:
-        raise UsageError("this model's chat template writes no tool calls that infer can read "
-                         "(--chat-template-file gives it another)")
-    return syntax
-
-
 class CallReply:
     """A reply's text split as it streams into content (to the reply it wraps) and tool calls,
     which `settle` puts in the Completion."""

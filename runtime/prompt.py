@@ -181,8 +181,17 @@ def reasoning_format(model: Model, template: str | None = None) -> Any:
 
 
 def tool_syntax(model: Model, template: str | None = None) -> Any:
-    """How `template` (default: the model's own) writes tool calls
-    (runtime/tool_syntax.ToolSyntax), or None: no template, or no calls in it."""
+    """How a reply writes tool calls (runtime/tool_syntax.ToolSyntax): as `template` (default:
+    the model's own) writes them, or, where it writes none, in infer's generic form
+    (runtime/tool_generic.py)."""
+    from infer.runtime import tool_generic
+
+    return template_syntax(model, template) or tool_generic.syntax()
+
+
+def template_syntax(model: Model, template: str | None = None) -> Any:
+    """How `template` (default: the model's own) writes tool calls, or None: no template, or
+    no calls in it."""
     from infer.runtime.tool_syntax import learn
 
     source = template if template is not None else model.chat_template()

@@ -78,9 +78,17 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
     """Render `messages` (with the template's thinking switches as `request` asks, and the
     `tools` the reply may call) and plan the reply's thinking: what `infer run`, `infer chat`,
     `infer batch` and the server share."""
-    from infer.runtime.prompt import chat_prompt, template_variables
+    from infer.runtime import tool_generic
+    from infer.runtime.prompt import chat_prompt, template_syntax, template_variables
+    from infer.runtime.tool_request import assistant_calls
 
     request = request or ThinkingRequest()
+    # An earlier turn's calls with their arguments as objects, as most templates walk them (a
+    # saved conversation keeps OpenAI's JSON strings)
+    messages = [{**m, "tool_calls": assistant_calls(dict(m), f"messages[{i}]")} if m.get("tool_calls") else m
+                for i, m in enumerate(messages)]
+    if (tools or tool_generic.needs(messages)) and template_syntax(model, template) is None:
+        messages, tools = tool_generic.described(messages, tools), ()  # (the template knows no tools)
     # An earlier reply's reasoning under the names templates read it by (most the first;
     # `thinking`: GLM's and Ollama's; `reasoning`: Solar Open's and vLLM's)
     messages = [{"thinking": m["reasoning_content"], "reasoning": m["reasoning_content"], **m}

@@ -108,10 +108,7 @@ def _tool_syntax(served: Served, gen: schema.Generation, config: Config) -> Tool
         return None
     from infer.runtime.prompt import tool_syntax
 
-    syntax = tool_syntax(served.model, config.chat_template)
-    if syntax is None:
-        raise invalid("tools", "this model's chat template writes no tool calls that infer can read")
-    return syntax
+    return tool_syntax(served.model, config.chat_template)
 
 
 def _checkpoint(served: Served, gen: schema.Generation, tokens: list[int], config: Config,

@@ -38,9 +38,7 @@ def test_bad_tools_are_usage_errors(smollm2, infer_home):
     for args, words in ((["--tools", "[1]"], 'tools[0] must be an object of type "function"'),
                         (["--tools", "{"], "--tools is not valid JSON"),
                         (["--tool-choice", "required"], "--tool-choice needs --tools"),
-                        (["--tools", json.dumps([TOOL]), "--tool-choice", "nope"], "not among the tools"),
-                        # (SmolLM2's own template writes no calls)
-                        (["--tools", json.dumps([TOOL])], "writes no tool calls")):
+                        (["--tools", json.dumps([TOOL]), "--tool-choice", "nope"], "not among the tools")):
         r = run_cli("run", smollm2, "Hi", *args)
         assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
 
@@ -69,3 +67,24 @@ def test_batch_lines_with_tools_have_tool_calls(smollm2, infer_home):
     assert got["after"]["text"] and "tool_calls" not in got["after"]
     assert got["after"]["usage"]["prompt_tokens"] > got["plain"]["usage"]["prompt_tokens"]
     assert "tool_calls" not in got["plain"] and "tools[0].function.name" in got["bad"]["error"]
+
+
+def test_a_template_that_knows_no_tools_calls_in_the_generic_form(smollm2, infer_home):
+    """SmolLM2's own template knows no tools: the tools are described in the system message
+    (--show-prompt shows them) and a required call comes in infer's generic JSON form, held to
+    the grammar, and read back as a call; the conversation's next turn has that call in the
+    text of its turn, as the form writes it."""
+    args = ["run", smollm2, "Weather in Paris?", "--tools", json.dumps([TOOL]), "--temp", "0", "-n", "120"]
+    shown = run_cli(*args, "--show-prompt")
+    assert shown.returncode == 0 and '"name": "get_weather"' in shown.stdout
+    assert '{"tool_calls": [' in shown.stdout
+    r = run_cli(*args, "--tool-choice", "required", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    (call,) = result["tool_calls"]
+    assert result["finish_reason"] == "tool_calls" and result["text"] == ""
+    jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL["function"]["parameters"])
+    after = run_cli("run", "-C", "Thanks.", "--tools", json.dumps([TOOL]), "--show-prompt")  # (its next turn)
+    written = json.dumps({"tool_calls": [{"name": "get_weather",
+                                          "arguments": json.loads(call["function"]["arguments"])}]})
+    assert after.returncode == 0 and f"<|im_start|>assistant\n{written}<|im_end|>" in after.stdout

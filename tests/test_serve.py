@@ -225,9 +225,9 @@ HOSTILE = [
      400, "messages[0].content[0].type"),
     (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400,
      "tools[0].function.name"),
-    # (SmolLM2's own chat template writes no tool calls)
+    # (a tool schema whose keyword infer cannot enforce)
     (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": '
-     b'{"name": "f"}}]}', 400, "tools"),
+     b'{"name": "f", "parameters": {"type": "object", "properties": {"a": {"not": {}}}}}}]}', 400, "tools"),
     (b'{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= ("}', 400, "grammar"),
     (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
      b'"json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}',
