@@ -23,7 +23,9 @@ prompt cache beyond the slots' own (infer --no-cache, llama-server -cram 0), thi
 (chat_template_kwargs). The order of the servers alternates between rounds; only one is
 under load at a time. Measured by this client: the total wall time of all conversations and
 the time to first token (first streamed delta of any kind: content, reasoning or call), p50
-over all turns. Medians over rounds, and the ratios infer / llama-server.
+over all turns. Each round starts both servers afresh (a server that dies in a round, as
+llama-server did here, is reported and the round left out). Medians over rounds, and the
+ratios infer / llama-server.
 """
 
 from __future__ import annotations
@@ -125,6 +127,19 @@ async def turn(client: httpx.AsyncClient, server: Server, messages: list[dict], 
     body = {"messages": messages, "tools": TOOLS, "tool_choice": "auto", "temperature": 0, "stream": True,
             "max_tokens": max_tokens, "stream_options": {"include_usage": True},
             "chat_template_kwargs": {"enable_thinking": False}}
+    try:
+        return await _turn(client, server, body)
+    except httpx.HTTPError as e:  # (the server died: llama-server did, on this load)
+        server.log.seek(0)
+        raise Crashed(f"{server.name}: {type(e).__name__}: {e}; its last words:\n"
+                      + "".join(server.log.readlines()[-5:])) from None
+
+
+class Crashed(Exception):
+    """A server stopped answering in the middle of a round."""
+
+
+async def _turn(client: httpx.AsyncClient, server: Server, body: dict) -> dict:
     sent, first, usage, calls = time.perf_counter(), None, None, 0
     async with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
@@ -186,30 +201,42 @@ def main() -> None:
                          *common, "--jinja", "-fa", args.flash_attn, "-no-kvu", "-cram", "0", "--no-webui",
                          *repacking.peer_args("llama-server")],
     }
-    servers = [Server(name, cmd) for name, cmd in sides.items()]
+    names = list(sides)
     rounds: list[dict[str, dict]] = []
-    try:
-        for s in servers:
-            s.wait_ready()
-        for r in range(args.rounds):
-            order = servers if r % 2 == 0 else servers[::-1]
-            rounds.append({s.name: measure(s, args) for s in order})
-            print(f"round {r + 1}: " + "   ".join(
-                f"{s.name} {rounds[-1][s.name]['wall_s']:.1f} s ({rounds[-1][s.name]['tokens']} tokens, "
-                f"{rounds[-1][s.name]['calls']} calls)" for s in servers), file=sys.stderr)
-    finally:
-        for s in servers:
-            s.stop()
+    crashes = dict.fromkeys(names, 0)
+    for r in range(args.rounds):  # (fresh servers each round: the rounds are alike, and a crash ends one)
+        servers = [Server(name, sides[name]) for name in (names if r % 2 == 0 else names[::-1])]
+        got: dict[str, dict] = {}
+        try:
+            for s in servers:
+                s.wait_ready()
+            for s in servers:
+                try:
+                    got[s.name] = measure(s, args)
+                except Crashed as e:
+                    crashes[s.name] += 1
+                    print(f"round {r + 1}: {e}", file=sys.stderr)
+        finally:
+            for s in servers:
+                s.stop()
+        if len(got) == len(names):
+            rounds.append(got)
+            said = [f"{n} {got[n]['wall_s']:.1f} s ({got[n]['tokens']} tokens, {got[n]['calls']} calls)"
+                    for n in names]
+            print(f"round {r + 1}: " + "   ".join(said), file=sys.stderr)
+    if not rounds:
+        sys.exit(f"no round completed on both sides (crashes: {crashes})")
     keys = ("wall_s", "ttft_p50_ms")
-    median = {s.name: {k: statistics.median(rd[s.name][k] for rd in rounds) for k in keys} for s in servers}
+    median = {n: {k: statistics.median(rd[n][k] for rd in rounds) for k in keys} for n in names}
     a, b = median["infer serve"], median["llama-server"]
     print(f"model: {model}\ntemplate: {args.chat_template_file.name}   {args.conversations} conversations x "
           f"{args.turns} turns   system prompt + 8 tools   max {args.max_tokens} tokens a turn   flash "
-          f"attention {args.flash_attn}   medians of {args.rounds} rounds")
+          f"attention {args.flash_attn}   medians of {len(rounds)} rounds"
+          + (f"   (crashed in a round: {crashes})" if any(crashes.values()) else ""))
     print(repacking.line())
     print(f"{'':<22}{'total':>9}{'TTFT p50':>12}")
-    for s in servers:
-        print(f"{s.name:<22}{median[s.name]['wall_s']:>7.1f} s{median[s.name]['ttft_p50_ms']:>9.0f} ms")
+    for n in names:
+        print(f"{n:<22}{median[n]['wall_s']:>7.1f} s{median[n]['ttft_p50_ms']:>9.0f} ms")
     print(f"{'infer / llama-server':<22}{a['wall_s'] / b['wall_s']:>8.2f}x"
           f"{a['ttft_p50_ms'] / b['ttft_p50_ms']:>11.2f}x   (time: lower is faster)")
 

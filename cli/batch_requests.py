@@ -59,7 +59,7 @@ def local_requests(model: Any, items: list[Item], defaults: dict[str, Any], over
             finish = Finish()
             if item.tools is not None and item.tools.active:
                 finish.syntax, finish.tools = tool_syntax(model, template), item.tools
-                params = calls_params(params, finish.syntax, item.tools)
+                params = calls_params(params, finish.syntax, item.tools, model)
             rendered = thinking_prompt(model, item.messages, template=template,
                                        request=thinking_request({**prompt_flags, **item.thinking}),
                                        tools=item.tools.tools if finish.tools is not None else ())

@@ -146,7 +146,7 @@ def _calling(model: Any, template: str | None, tools: Any, params: Any, reply: _
     from infer.runtime.tool_grammar import calls_params
 
     syntax = tool_syntax(model, template)
-    return calls_params(params, syntax, tools), CallReply(reply, syntax, tools)
+    return calls_params(params, syntax, tools, model), CallReply(reply, syntax, tools)
 
 
 def _chat_prompt(flags: Mapping[str, Any], model: Any, messages: Any, template: str | None, *,

@@ -67,6 +67,8 @@ class Generation:
         self.generated: list[int] = []
         self.drafted = self.accepted = 0
         self.track = thinking.track() if thinking is not None else None
+        # (the control tokens the text shows: the reasoning's markers, a tool call's)
+        self.special = params._shown_tokens | (thinking.special if thinking is not None else frozenset())
         if self.track is not None and self.track.state in ("start", "thinking"):
             self._constrain("start", self.track.state)
 
@@ -76,7 +78,7 @@ class Generation:
     def take(self, token: int) -> tuple[str, str | None]:
         track = self.track
         text, ended = take_token(self.model, self.params, self.stream, self.generated, self.limit, token,
-                                 track.plan.special if track is not None else frozenset())
+                                 self.special)
         if track is not None and text:
             before = track.state
             track.feed(text)
@@ -120,7 +122,7 @@ class Generation:
         elif before == "thinking":  # the answer begins: constrained from its first token
             self.stream.set_stops(self.params.stop)
             if grammar is not None:
-                self.chain.set_grammar(self.params.grammar_spec)
+                self.chain.set_grammar(self.track.plan.answer_grammar(self.params.grammar_spec))
 
     def propose(self, token: int, room: int, cost_of: Callable[[int], float] | None = None,
                 share: float = 1.0) -> list[int]:

@@ -109,9 +109,22 @@ def detect(source: str, *, bos_token: str = "", eos_token: str = "") -> Reasonin
     if found is None:
         return None
     opener, closer = found
+    if not any(wrapper):
+        closer, wrapper = _new_turn(closer, _after_user(prompts["default"]).strip())
     fmt = ReasoningFormat(opener, closer)
     return ReasoningFormat(opener, closer, bool(fmt.starts_open_with(_after_user(prompts["default"]))),
                            *wrapper)
+
+
+def _new_turn(closer: str, header: str) -> tuple[str, tuple[str, str]]:
+    """Where the reasoning ends its turn and the answer is a new assistant turn (`header`, what
+    the generation prompt writes after the user's turn) that goes on to a header of its own
+    (gpt-oss: "<|end|><|start|>assistant" then "<|channel|>final<|message|>"): the reasoning
+    ends with that turn's header, and the rest is the answer's wrapper. A reply may then go on
+    in another channel instead (gpt-oss' tool calls: "<|channel|>commentary to=functions...")."""
+    if header and closer.startswith(header) and closer[len(header):].strip():
+        return header, (closer[len(header):], "")
+    return closer, ("", "")
 
 
 def _after_user(prompt: str) -> str:

@@ -74,7 +74,10 @@ SamplingParams: Any = make_dataclass(
      # A grammar that waits for one of these patterns (regular expressions over the text
      # generated so far, whose first group is where the grammar starts): llama.cpp's lazy grammar
      # (`tool_choice: auto`: free text, then calls held to their grammar once one begins)
-     ("_grammar_triggers", "tuple[str, ...]", field(default=(), repr=False))],
+     ("_grammar_triggers", "tuple[str, ...]", field(default=(), repr=False)),
+     # Control tokens whose text the reply shows (a tool call's markers, as gpt-oss' <|channel|>:
+     # a control token's text is otherwise empty, and the calls could not be read)
+     ("_shown_tokens", "frozenset[int]", field(default=frozenset(), repr=False))],
     bases=(_Sampling,), frozen=True)
 SamplingParams.__module__ = __name__  # (for pickle and repr; make_dataclass's `module=` is 3.12's)
 SamplingParams.__doc__ = "How to pick each next token and when to stop. Defaults are llama.cpp's."

@@ -24,6 +24,7 @@ from typing import Any
 from infer.runtime.reasoning import ReasoningFormat, ReasoningSplitter
 
 START_RULE = "infer-reasoning-start"  # the grammar's root while a reply may open the block
+ANSWER_RULE = "infer-answer"  # the answer's grammar, its wrapper allowed first (gpt-oss' final channel)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,24 @@ class ThinkingPlan:
         marker or an answer that follows `grammar`. None where there is no marker to open with."""
         if not self.fmt.open:
             return None
-        return f"{grammar}\n{START_RULE} ::= {json.dumps(self.fmt.open)} | root\n", START_RULE
+        answer, root = self._wrapped(grammar, "root")
+        return f"{answer}\n{START_RULE} ::= {json.dumps(self.fmt.open)} | {root}\n", START_RULE
+
+    def answer_grammar(self, spec: Any) -> Any:
+        """The grammar sampler's settings for the answer (runtime.llama.sampler_chain.SamplerSpec):
+        `spec`'s grammar, after the answer's header where the format has one and the model may
+        write it (gpt-oss' "<|channel|>final<|message|>", in the new turn the reasoning ended
+        with, after which the grammar's text begins). A wrapper with a closing marker around the
+        answer (Granite's <response>) and a grammar that waits for a trigger are left as they are."""
+        args = spec.args
+        if not self.fmt.answer_open or self.fmt.answer_close or (len(args) > 2 and args[2]):
+            return spec
+        return type(spec)(spec.kind, self._wrapped(args[0], args[1] if len(args) > 1 else "root"))
+
+    def _wrapped(self, grammar: str, root: str) -> tuple[str, str]:
+        if not self.fmt.answer_open or self.fmt.answer_close:
+            return grammar, root
+        return f"{grammar}\n{ANSWER_RULE} ::= {json.dumps(self.fmt.answer_open)}? {root}\n", ANSWER_RULE
 
 
 class ThinkingTrack:

@@ -62,7 +62,8 @@ def plan_thinking(model: Any, prompt_text: str, tokens: Sequence[int], *, templa
     opened = fmt.starts_open_with(prompt_text)
     closer = tuple(model.tokenize(fmt.close, add_special=False, parse_special=True))
     opener = model.tokenize(fmt.open, add_special=False, parse_special=True) if fmt.open else []
-    special = frozenset(t for t in (*opener, *closer) if model.is_control(t))
+    wrapper = model.tokenize(fmt.answer_open + fmt.answer_close, add_special=False, parse_special=True)
+    special = frozenset(t for t in (*opener, *closer, *wrapper) if model.is_control(t))
     if limit == 0 and opened is True:
         return [*tokens, *closer], ThinkingPlan(fmt, False, special=special), None
     lead = ""

@@ -47,70 +47,99 @@ def calls_grammar(syntax: ToolSyntax, tools: Sequence[Mapping[str, Any]], *, nam
     module = load_bindings_module("llama_grammar")
     converter = module.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     rules: dict[str, str] = {}
-    bodies = []
+    bodies: dict[str, list[str]] = {"": [], "-alt": []}  # (the calls' rules, in each form the syntax has)
+    forms = {"": syntax, **({"-alt": syntax.alternate} if syntax.alternate is not None else {})}
     for i, tool in enumerate(tools):
         fn = tool.get("function", tool)
         if name is not None and fn["name"] != name:
             continue
         try:
-            bodies.append(_call_body(converter, rules, syntax, i, fn))
+            for suffix, form in forms.items():
+                bodies[suffix].append(_call_body(converter, rules, form, i, fn, suffix))
         except UsageError:
             raise
         except Exception as e:  # (the converter raises bare exceptions for what it cannot do)
             raise UsageError(f"the parameters of tool {fn['name']!r} cannot be enforced: {e}") from None
-    if not bodies:
+    if not bodies[""]:
         raise UsageError(f"no tool named {name!r}")
-    first = literal((syntax.section_open + syntax.call_open).lstrip())
-    last = literal((syntax.call_close + syntax.section_close).rstrip())
-    between = literal(syntax.call_close + syntax.call_sep + syntax.call_open)
-    numbered = any(INDEX in text for text in (syntax.name_close, *(str(v) for _, v in syntax.extras)))
-    if not numbered:
-        rules["call"] = " | ".join(bodies)
-        more = f" ({between} call){{0,{MAX_CALLS - 1}}}" if parallel and syntax.parallel else ""
-        rules["root"] = f"{first} call{more} {last}"
-    else:  # (each call's number written out)
-        for n in range(MAX_CALLS if parallel and syntax.parallel else 1):
-            rules[f"call-n{n}"] = " | ".join(f"{b}-n{n}" for b in bodies)
-            for b in bodies:
-                rules[f"{b}-n{n}"] = rules[b].replace(_SLOTS[INDEX], literal(INDEX, syntax.index_base + n))
-        calls = ""
-        for n in range(MAX_CALLS - 1 if parallel and syntax.parallel else 0, 0, -1):
-            calls = f" ({between} call-n{n}{calls})?"
-        rules["root"] = f"{first} call-n0{calls} {last}"
+    rules["root"] = " | ".join(_calls(rules, form, bodies[suffix], suffix, parallel=parallel)
+                               for suffix, form in forms.items())
     grammar = "\n".join(f"{k} ::= {v}" for k, v in rules.items()) + "\n" + converter.format_grammar()
     # (the port lets raw control characters into JSON strings, which JSON forbids)
     return grammar.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')
 
 
-def calls_params(params: Any, syntax: ToolSyntax, request: Any) -> Any:
+def _calls(rules: dict[str, str], syntax: ToolSyntax, bodies: list[str], suffix: str, *,
+           parallel: bool) -> str:
+    """The calls of one form of `syntax`, their opening and closing markers around them (the
+    white space before the opening one as the reply likes: gpt-oss' " to=" after its header)."""
+    opening = syntax.section_open + syntax.call_open
+    lead = opening[:len(opening) - len(opening.lstrip())]
+    first = (f"{literal(lead)}? " if lead else "") + literal(opening.lstrip())
+    last = literal((syntax.call_close + syntax.section_close).rstrip())
+    between = literal(syntax.call_close + syntax.call_sep + syntax.call_open)
+    numbered = any(INDEX in text for text in (syntax.name_close, *(str(v) for _, v in syntax.extras)))
+    many = parallel and syntax.parallel
+    if not numbered:
+        rules[f"call{suffix}"] = " | ".join(bodies)
+        more = f" ({between} call{suffix}){{0,{MAX_CALLS - 1}}}" if many else ""
+        return f"{first} call{suffix}{more} {last}"
+    for n in range(MAX_CALLS if many else 1):  # (each call's number written out)
+        rules[f"call{suffix}-n{n}"] = " | ".join(f"{b}-n{n}" for b in bodies)
+        for b in bodies:
+            rules[f"{b}-n{n}"] = rules[b].replace(_SLOTS[INDEX], literal(INDEX, syntax.index_base + n))
+    calls = ""
+    for n in range(MAX_CALLS - 1 if many else 0, 0, -1):
+        calls = f" ({between} call{suffix}-n{n}{calls})?"
+    return f"{first} call{suffix}-n0{calls} {last}"
+
+
+def calls_params(params: Any, syntax: ToolSyntax, request: Any, model: Any = None) -> Any:
     """The sampling parameters (runtime.sampling.SamplingParams) of a reply that may call the
     tools of `request` (runtime.tool_request.ToolRequest): `required` or one function, held to a
     grammar of calls; `auto`, free text until the calls' opening, then held to that grammar
     (a grammar that waits for `trigger_pattern`: runtime/llama/grammar_trigger.py); `none`
     as they are. With `auto`, a grammar or JSON schema of the request's own wins: the reply
-    is held to it, and calls are read as the model writes them."""
+    is held to it, and calls are read as the model writes them. The `model`'s control tokens
+    among the calls' markers are shown in the reply's text, where the calls are read."""
     from dataclasses import replace
 
-    if request.choice == "none" or (request.choice == "auto" and params.effective_grammar is not None):
+    if request.choice == "none":
         return params
+    shown = marker_tokens(syntax, model) if model is not None else frozenset()
+    if request.choice == "auto" and params.effective_grammar is not None:
+        return replace(params, _shown_tokens=params._shown_tokens | shown)
     if params.effective_grammar is not None:
         raise FieldError("tool_choice", f"tool_choice {request.name or request.choice!r} holds the reply to "
                          "tool calls: it cannot go with a grammar or a JSON schema")
     grammar = calls_grammar(syntax, request.tools, name=request.name, parallel=request.parallel)
-    if request.choice == "auto":
-        return replace(params, grammar=grammar, _grammar_triggers=(trigger_pattern(syntax),))
-    return replace(params, grammar=grammar)
+    triggers = (trigger_pattern(syntax),) if request.choice == "auto" else ()
+    return replace(params, grammar=grammar, _grammar_triggers=triggers,
+                   _shown_tokens=params._shown_tokens | shown)
+
+
+def marker_tokens(syntax: ToolSyntax, model: Any) -> frozenset[int]:
+    """The control tokens of the calls' markers, in every form of `syntax`."""
+    texts = [getattr(form, name) for form in (syntax, syntax.alternate) if form is not None
+             for name in ("section_open", "call_open", "name_close", "call_close", "call_sep",
+                          "section_close")]
+    tokens = model.tokenize("".join(t.replace(INDEX, " ").replace(ID, " ") for t in texts), add_special=False,
+                            parse_special=True)
+    return frozenset(t for t in tokens if model.is_control(t))
 
 
 def trigger_pattern(syntax: ToolSyntax) -> str:
     """For `tool_choice: auto`: the pattern (llama.cpp's lazy grammar: over the text so far, its
-    group where the grammar starts) of the calls' opening as the grammar writes it, so that the
-    text it feeds the grammar is always one the grammar takes."""
+    group where the grammar starts) of the calls' opening as the grammar writes it, in any of
+    the syntax's forms, so that the text it feeds the grammar is always one the grammar takes."""
+    forms = (syntax, syntax.alternate) if syntax.alternate is not None else (syntax,)
+    return r"[\s\S]*?((?:" + "|".join(_opening(form) for form in forms) + r")[\s\S]*)"
+
+
+def _opening(syntax: ToolSyntax) -> str:
     if syntax.json_keys is not None and not (syntax.section_open + syntax.call_open).strip():
-        start = r'\{ ?"' + re.escape(syntax.json_keys[0]) + '"' if syntax.json_keys[0] else r"\{"
-    else:
-        start = re.escape(syntax.trigger)
-    return r"[\s\S]*?(" + start + r"[\s\S]*)"
+        return r'\{ ?"' + re.escape(syntax.json_keys[0]) + '"' if syntax.json_keys[0] else r"\{"
+    return re.escape(syntax.trigger)
 
 
 def _schema_rule(converter: Any, schema: Any, rule: str) -> str:
@@ -128,9 +157,9 @@ def _seq(*parts: str) -> str:
 
 
 def _call_body(converter: Any, rules: dict[str, str], syntax: ToolSyntax, i: int,
-               fn: Mapping[str, Any]) -> str:
+               fn: Mapping[str, Any], suffix: str = "") -> str:
     schema = fn.get("parameters") or {"type": "object", "properties": {}}
-    rule, named = f"call-{i}", _seq(literal(fn["name"]), literal(syntax.name_close))
+    rule, named = f"call-{i}{suffix}", _seq(literal(fn["name"]), literal(syntax.name_close))
     if syntax.pairs is not None:
         rules[rule] = _seq(named, _pairs(converter, rules, syntax.pairs, i, schema))
         return rule

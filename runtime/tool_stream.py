@@ -47,7 +47,8 @@ class ToolCallStream:
                  single: bool = False) -> None:
         self.syntax, self.single = syntax, single
         self.strings = string_params(tools)
-        self.trigger = Marker(syntax.trigger)
+        forms = (syntax, syntax.alternate) if syntax.alternate is not None else (syntax,)
+        self.triggers = [(form, Marker(form.trigger)) for form in forms]  # (the calls' opening)
         self.pending = ""  # content that may be the start of the trigger
         self.buffer: str | None = None  # the text from the trigger on, while calls are read
         self.reader: CallReader | None = None
@@ -74,14 +75,24 @@ class ToolCallStream:
 
     def _scan(self, events: list[Event], final: bool) -> None:
         """Content up to the trigger (or to where the text may begin it)."""
-        start, end = self.trigger.search(self.pending, 0) if self.trigger else (-1, FAIL)
+        start, end, form = self._opening()
         if end == FAIL or (end == PARTIAL and final):
             content, self.pending = self.pending, ""
         else:
             content, self.buffer, self.pending = self.pending[:start], self.pending[start:], ""
-            self.reader = CallReader(self.syntax, self.strings)  # (new ids for each section's calls)
+            self.reader = CallReader(form, self.strings)  # (new ids for each section's calls)
         if content and not (self.calls and not content.strip()):
             events.append(content)
+
+    def _opening(self) -> tuple[int, int, ToolSyntax]:
+        """The first opening of calls in the pending text, in any form: (start, end, form), end
+        PARTIAL where the text may end inside it, FAIL where there is none."""
+        found = (-1, FAIL, self.syntax)
+        for form, marker in self.triggers:
+            start, end = marker.search(self.pending, 0) if marker else (-1, FAIL)
+            if end != FAIL and (found[1] == FAIL or start < found[0]):
+                found = (start, end, form)
+        return found
 
     def _read(self, events: list[Event], final: bool) -> None:
         assert self.buffer is not None and self.reader is not None

@@ -80,6 +80,7 @@ class ToolSyntax:
     index_base: int = 0
     parallel: bool = True
     content_first: bool = field(default=True, compare=False)  # the template keeps text before calls
+    alternate: ToolSyntax | None = None  # the same calls as a model may also write them (tool_harmony.py)
 
     @property
     def trigger(self) -> str:
@@ -120,9 +121,9 @@ def learn(source: str, *, bos_token: str = "", eos_token: str = "") -> ToolSynta
         return None
     two, solo = calls_text(0, 1)[0], calls_text(1)[0]  # (solo: a call with two arguments, alone)
     syntax = _learn_calls(one, two if NAMES[1] in two else "", solo if NAMES[1] in solo else "")
-    if syntax is None:
-        return None
-    return ToolSyntax(**{**syntax.__dict__, "content_first": kept})
+    from infer.runtime.tool_harmony import harmony_order  # (the header's other order, where it has one)
+
+    return harmony_order(ToolSyntax(**{**syntax.__dict__, "content_first": kept})) if syntax else None
 
 
 def written(source: str, tools: list[dict[str, Any]], calls: list[dict[str, Any]], content: str = "", *,

@@ -46,7 +46,7 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
             syntax = _tool_syntax(served, gen, config)
             thinking = thinking_prompt(model, list(gen.messages), template=config.chat_template,
                                        request=gen.thinking, tools=gen.tools.tools if syntax else ())
-            params = _forced_calls(params, syntax, gen)
+            params = _forced_calls(params, syntax, gen, model)
             tokens = thinking.tokens
             for note in thinking.notes:
                 log.info("%s", note)
@@ -86,8 +86,8 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
     return Prepared(tokens, params, _checkpoint(served, gen, tokens, config, variables), thinking, syntax)
 
 
-def _forced_calls(params: SamplingParams, syntax: ToolSyntax | None,
-                  gen: schema.Generation) -> SamplingParams:
+def _forced_calls(params: SamplingParams, syntax: ToolSyntax | None, gen: schema.Generation,
+                  model: Any) -> SamplingParams:
     """A reply that may call tools: held to a grammar of calls (runtime/tool_grammar.py)."""
     if syntax is None:
         return params
@@ -95,7 +95,7 @@ def _forced_calls(params: SamplingParams, syntax: ToolSyntax | None,
     from infer.runtime.tool_grammar import calls_params
 
     try:
-        return calls_params(params, syntax, gen.tools)
+        return calls_params(params, syntax, gen.tools, model)
     except FieldError as e:
         raise invalid(e.field, str(e)) from None
     except InferError as e:

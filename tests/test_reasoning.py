@@ -39,9 +39,10 @@ NO_REASONING = ("Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.2-3B-Instruct", 
 # Real templates of conventions the shared fixtures lack (tests/chat_templates/README.md)
 MORE = {
     "ibm-granite-granite-3.3-2B-Instruct": (*THINK, False, "<response>", "</response>"),  # an instruction
-    "upstage-Solar-Open-100B": ("<|think|>", "<|end|><|begin|>assistant<|content|>", False),  # .reasoning
-    "openai-gpt-oss-120b": ("<|channel|>analysis<|message|>",
-                            "<|end|><|start|>assistant<|channel|>final<|message|>", False),
+    # (the reasoning ends its turn; the answer is a new turn whose header goes on to a wrapper)
+    "upstage-Solar-Open-100B": ("<|think|>", "<|end|><|begin|>assistant", False, "<|content|>"),  # .reasoning
+    "openai-gpt-oss-120b": ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant", False,
+                            "<|channel|>final<|message|>"),
     "Qwen3.5-4B": (*THINK, True),
     "NVIDIA-Nemotron-Nano-v2": (*THINK, True),
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": (*THINK, True),
@@ -89,6 +90,8 @@ def _splits(text: str, rng: random.Random) -> list[list[str]]:
 GRANITE = ReasoningFormat(*THINK, False, "<response>", "</response>")  # the answer wrapped
 HARMONY_OPEN = "<|channel|>analysis<|message|>"  # gpt-oss's reasoning, and its answer after it
 HARMONY_CLOSE = "<|end|><|start|>assistant<|channel|>final<|message|>"
+HARMONY_TURN, HARMONY_FINAL = "<|end|><|start|>assistant", "<|channel|>final<|message|>"
+HARMONY_CALL = '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": 1}'
 # (format, the reply starts inside the block, the generated text, reasoning, answer)
 CASES = [
     (ReasoningFormat(*THINK), False, "<think>\nThe sky scatters blue.\n</think>\n\nRayleigh scattering.",
@@ -106,6 +109,10 @@ CASES = [
     (ReasoningFormat(*THINK, True), True, "thinking that never ends <", "thinking that never ends <", ""),
     (ReasoningFormat(HARMONY_OPEN, HARMONY_CLOSE), False, f"{HARMONY_OPEN}User asks 2+2.{HARMONY_CLOSE}4",
      "User asks 2+2.", "4"),  # gpt-oss
+    (ReasoningFormat(HARMONY_OPEN, HARMONY_TURN, False, HARMONY_FINAL), False,
+     f"{HARMONY_OPEN}User asks 2+2.{HARMONY_TURN}{HARMONY_FINAL}4", "User asks 2+2.", "4"),  # (as detected)
+    (ReasoningFormat(HARMONY_OPEN, HARMONY_TURN, False, HARMONY_FINAL), False,
+     f"{HARMONY_OPEN}Call it.{HARMONY_TURN}{HARMONY_CALL}", "Call it.", HARMONY_CALL),  # a call after it
     (ReasoningFormat("<|channel>thought", "<channel|>"), False,
      "<|channel>thought\nSky: blue.<channel|>Blue.", "\nSky: blue.", "Blue."),  # Gemma 4
     (ReasoningFormat("[THINK]", "[/THINK]"), False, "[THINK]short[/THINK]Long answer.", "short",

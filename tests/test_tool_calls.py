@@ -131,3 +131,27 @@ def test_nothing_of_a_call_is_content_while_it_streams():
         CallStarted(0, stream.calls[0].id, "get_weather"), ArgumentsPiece(0, '{"ci')]
     assert stream.feed('ty": "Rome"}}\n</tool_call>') == [ArgumentsPiece(0, 'ty": "Rome"}')]
     assert stream.finish() == []
+
+
+def test_gpt_oss_calls_in_harmony_order_after_its_analysis():
+    """gpt-oss writes a call after its reasoning as harmony puts a header (channel, then
+    recipient, then `<|constrain|>` and the content type), not as its template writes an earlier
+    call (recipient first): the reasoning ends at the new turn, and the call is read in either
+    order, cut anywhere; a final answer after the reasoning is the answer, its header left out."""
+    from infer.runtime.reasoning import ReasoningSplitter, detect
+
+    source = _template("openai-gpt-oss-120b")
+    syntax = learn(source, bos_token="<|startoftext|>", eos_token="<|return|>")
+    fmt = detect(source, bos_token="<|startoftext|>", eos_token="<|return|>")
+    args = json.dumps(CALLS[0][1])
+    for header in (f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{args}",
+                   f" to=functions.get_weather<|channel|>commentary json<|message|>{args}"):
+        text = f"<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant{header}<|call|>"
+        for pieces in _cuts(text, random.Random(header)):
+            split = ReasoningSplitter(fmt, inside=False)
+            answer = "".join(split.feed(p)[1] for p in pieces) + split.finish()[1]
+            assert split.reasoning == "Need the weather." and _read(syntax, [answer])[:2] == ("", CALLS[:1])
+    split = ReasoningSplitter(fmt, inside=False)
+    final = split.feed("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant"
+                       "<|channel|>final<|message|>Hi!")
+    assert (split.reasoning, final[1] + split.finish()[1]) == ("Easy.", "Hi!")

@@ -129,3 +129,38 @@ def test_auto_holds_a_call_the_model_begins_to_its_grammar(session: Session) -> 
     free = reply(nudged)
     assert free.text.startswith("<tool_call>") and free.tool_calls == []
     assert calls_params(nudged, syntax, parse_tools({"tools": TOOLS, "tool_choice": "none"})) is nudged
+
+
+# Calls between two of the embedded model's control tokens, as gpt-oss' <|channel|> or
+# Mistral's [TOOL_CALLS] are control tokens of theirs
+CONTROL = """{%- for m in messages -%}<|im_start|>{{ m.role }}
+{% if m.tool_calls %}{% for c in m.tool_calls %}<jupyter_code>{"name": {{ c.function.name | tojson }}, \
+"arguments": {{ c.function.arguments | tojson }}}<jupyter_output>{% endfor %}\
+{% else %}{{ m.content }}{% endif %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def test_call_markers_made_of_control_tokens_are_seen_in_the_reply(session: Session) -> None:
+    """A control token's text is empty unless asked for: the markers of the calls are shown in
+    the reply's text, so that the call the grammar made is read back."""
+    from infer.runtime.template import render
+    from infer.runtime.tool_grammar import calls_params
+    from infer.runtime.tool_request import parse_tools
+    from infer.runtime.tool_stream import split_calls
+
+    syntax = learn(CONTROL)
+    (code,) = session.model.tokenize("<jupyter_code>", add_special=False, parse_special=True)
+    assert syntax is not None and session.model.is_control(code)
+    request = parse_tools({"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False})
+    prompt = session.model.tokenize(render(CONTROL, [{"role": "user", "content": "Weather in Paris?"}]),
+                                    add_special=False, parse_special=True)
+    nudged = SamplingParams(temperature=0, max_tokens=120, logit_bias=((code, 50.0),))  # (not its text)
+    session.context.memory_clear()
+    session.tokens.clear()
+    done = next(e for e in session.generate(prompt, calls_params(nudged, syntax, request, session.model))
+                if isinstance(e, Completion))
+    assert code in done.tokens
+    (call,) = split_calls(done, syntax, request).tool_calls
+    tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
+    jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
