@@ -23,9 +23,9 @@ prompt cache beyond the slots' own (infer --no-cache, llama-server -cram 0), thi
 (chat_template_kwargs). The order of the servers alternates between rounds; only one is
 under load at a time. Measured by this client: the total wall time of all conversations and
 the time to first token (first streamed delta of any kind: content, reasoning or call), p50
-over all turns. Each round starts both servers afresh (a server that dies in a round, as
-llama-server did here, is reported and the round left out). Medians over rounds, and the
-ratios infer / llama-server.
+over all turns. Each round starts both servers afresh (a server that stops answering in a
+round is reported and the round left out). Medians over rounds, and the ratios infer /
+llama-server.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ async def turn(client: httpx.AsyncClient, server: Server, messages: list[dict], 
             "chat_template_kwargs": {"enable_thinking": False}}
     try:
         return await _turn(client, server, body)
-    except httpx.HTTPError as e:  # (the server died: llama-server did, on this load)
+    except httpx.HTTPError as e:  # (the server died or dropped the connection)
         server.log.seek(0)
         raise Crashed(f"{server.name}: {type(e).__name__}: {e}; its last words:\n"
                       + "".join(server.log.readlines()[-5:])) from None
@@ -167,7 +167,9 @@ async def conversation(client: httpx.AsyncClient, server: Server, n: int,
 
 def measure(server: Server, args: argparse.Namespace) -> dict:
     async def all_of_them() -> list[list[dict]]:
-        limits = httpx.Limits(max_connections=args.conversations)
+        # (a connection for each request: llama-server's HTTP library closes a kept-alive
+        # connection after 5 requests, and a request sent on it as it closes is lost)
+        limits = httpx.Limits(max_connections=args.conversations, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as client:
             return await asyncio.gather(*(conversation(client, server, n, args)
                                           for n in range(args.conversations)))

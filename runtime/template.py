@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -38,7 +39,15 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False, ensure_ascii: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
+                      separators=separators, sort_keys=sort_keys, default=_listed)
+
+
+def _listed(value: Any) -> list[Any]:
+    """What Jinja's filters return lazily (`tools | map(attribute='function')`: a generator),
+    as the list minja and llama.cpp's templates take it for (DeepSeek R1's)."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _strftime_now(fmt: str) -> str:
@@ -56,13 +65,36 @@ class _GenerationTag(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
+# The lists a render was given (its messages, tools...), by id: they stay as they are
+_GIVEN: ContextVar[frozenset[int]] = ContextVar("given_lists", default=frozenset())
+
+
 class _StrictSandbox(ImmutableSandboxedEnvironment):
-    """A sandbox where touching an unsafe attribute is an error, not an empty string."""
+    """A sandbox where touching an unsafe attribute is an error, not an empty string. A list the
+    template made may grow (`ns.ids.append(x)`: Kimi K2 Thinking's tool results; minja allows
+    it); nothing it was given may change."""
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if isinstance(obj, list) and attr in ("append", "extend") and id(obj) not in _GIVEN.get():
+            return True
+        return super().is_safe_attribute(obj, attr, value)
 
     def unsafe_undefined(self, obj: Any, attribute: Any) -> Any:
         raise SecurityError(
             f"access to attribute {attribute!r} of a {type(obj).__name__} is not allowed"
         )
+
+
+def _lists(value: Any, found: set[int]) -> set[int]:
+    """The ids of the lists in `value`, at any depth."""
+    if isinstance(value, list):
+        found.add(id(value))
+    if isinstance(value, Mapping):
+        value = value.values()
+    if isinstance(value, (list, tuple, type({}.values()))):
+        for item in value:
+            _lists(item, found)
+    return found
 
 
 class _SourceLoader(jinja2.BaseLoader):
@@ -144,10 +176,12 @@ def render(source: str, messages: Sequence[Message], *, bos_token: str = "", eos
 
 def _render(template: jinja2.Template, messages: Sequence[Message], bos_token: str,
             eos_token: str, add_generation_prompt: bool, variables: Mapping[str, Any]) -> str:
+    given = [dict(m) for m in messages]
+    token = _GIVEN.set(frozenset(_lists([given, *variables.values()], set())))
     try:
         return template.render(
             **variables,
-            messages=[dict(m) for m in messages],
+            messages=given,
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,
@@ -162,6 +196,8 @@ def _render(template: jinja2.Template, messages: Sequence[Message], bos_token: s
         raise TemplateError(f"the chat template failed: {type(e).__name__}: {e}") from None
     except RecursionError:
         raise TemplateError("the chat template recursed too deeply") from None
+    finally:
+        _GIVEN.reset(token)
 
 
 def merge_system_into_user(messages: Sequence[Message]) -> list[Message] | None:

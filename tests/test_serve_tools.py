@@ -6,6 +6,7 @@ come apart from the content with no marker left in it; the tool's result goes ba
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -173,3 +174,36 @@ def test_infer_run_and_batch_through_the_server_give_the_calls(server: Server, t
     jsonschema.validate(json.loads(call["function"]["arguments"]),
                         next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
                         ["function"]["parameters"])
+
+
+def test_a_thinking_reply_gives_its_reasoning_then_its_calls(tmp_path_factory: pytest.TempPathFactory,
+                                                              ) -> None:
+    """Under Qwen 3.5's template the reply starts inside a reasoning block: the reasoning comes
+    apart (`reasoning_content`; a budget of 3 tokens ends it), then the calls (its XML
+    parameters), and neither reaches the content, streamed or not (the answer is made a call
+    by a grammar, which holds the answer alone)."""
+    template = Path(__file__).parent / "chat_templates" / "Qwen3.5-4B.jinja"
+    server = Server("smollm2", "--chat-template-file", str(template), "--spec-type", "none",
+                    home=tmp_path_factory.mktemp("home"))
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        written = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n"
+                   "</tool_call>")
+        asked = {"model": "smollm2", "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
+                 "extra_body": {"grammar": f"root ::= {json.dumps(written)}", "reasoning_budget": 3}}
+        whole = client.chat.completions.create(**asked).choices[0]
+        reasoning = whole.message.model_extra["reasoning_content"]
+        assert reasoning.strip() and not whole.message.content and whole.finish_reason == "tool_calls"
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] == \
+            [("get_weather", {"city": "Rome"})]
+        with client.chat.completions.stream(**asked) as stream:
+            events = list(stream)
+            final = stream.get_final_completion().choices[0]
+        assert not "".join(e.delta for e in events if e.type == "content.delta")
+        thought = "".join(e.chunk.choices[0].delta.model_extra.get("reasoning_content") or ""
+                          for e in events if e.type == "chunk" and e.chunk.choices)
+        assert thought == reasoning
+        assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
+            [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    finally:
+        assert server.stop() == 0, "".join(server.log)

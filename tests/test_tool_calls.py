@@ -27,7 +27,7 @@ WITH_CALLS = (
     "meta-llama-Llama-3.3-70B-Instruct", "mistralai-Ministral-3-14B-Reasoning-2512",
     "mistralai-Mistral-Nemo-Instruct-2407", "moonshotai-Kimi-K2", "openbmb-MiniCPM5-1B",
     "poolside-Laguna-S-2.1", "poolside-Laguna-XS-2.1", "poolside-Laguna-XS.2",
-    "unsloth-mistral-Devstral-Small-2507",
+    "unsloth-mistral-Devstral-Small-2507", "Kimi-K2-Thinking", "llama-cpp-deepseek-r1",
     # tests/chat_templates
     "openai-gpt-oss-120b", "Qwen3.5-4B", "NVIDIA-Nemotron-Nano-v2", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
     "tencent-Hy3", "ibm-granite-granite-4.0", "meta-llama-Llama-3.1-8B-Instruct", "upstage-Solar-Open-100B",

@@ -164,3 +164,32 @@ def test_call_markers_made_of_control_tokens_are_seen_in_the_reply(session: Sess
     (call,) = split_calls(done, syntax, request).tool_calls
     tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
     jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+
+
+def test_the_grammar_converter_loads_whole_for_threads_asking_together() -> None:
+    """The server prepares requests in threads; the first requests with tools (or a JSON
+    schema) load llama-cpp-python's grammar converter together, and each must get the whole
+    module (a module is in sys.modules before it has run: one of them got no SchemaConverter,
+    and its request a 500)."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import threading
+        from infer.runtime.llama import load_bindings_module
+        bad = []
+        def load():
+            try:
+                if not hasattr(load_bindings_module("llama_grammar"), "SchemaConverter"):
+                    bad.append("partial")
+            except Exception as e:
+                bad.append(repr(e))
+        threads = [threading.Thread(target=load) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(len(bad))"""
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "0", r.stdout + r.stderr

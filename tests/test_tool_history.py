@@ -39,7 +39,13 @@ def _direct() -> list[dict]:
     return messages
 
 
-@pytest.mark.parametrize("name", WITH_CALLS)
+# transformers' sandbox lets no list grow (Kimi K2 Thinking's `ids.append`), and its `map`
+# filter gives tojson a generator (llama.cpp's DeepSeek R1 template): minja runs both, and so
+# does infer (runtime/template.py); the rest are compared
+DIRECTLY = [name for name in WITH_CALLS if name not in ("Kimi-K2-Thinking", "llama-cpp-deepseek-r1")]
+
+
+@pytest.mark.parametrize("name", DIRECTLY)
 def test_a_history_with_calls_renders_as_the_template_run_directly(name: str) -> None:
     source = _template(name)
     tokens = {"bos_token": "<s>", "eos_token": "</s>"}

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,9 @@ from infer.runtime.log import logger
 log = logger("infer.llama")
 
 
+_LOADING = threading.Lock()
+
+
 def load_bindings_module(name: str) -> types.ModuleType:
     """Import ``llama_cpp.<name>`` without running the package's ``__init__``.
 
@@ -33,8 +37,15 @@ def load_bindings_module(name: str) -> types.ModuleType:
     formats, which costs a noticeable share of a one-shot ``infer run``'s start-up.
     A bare package object stands in while the submodule loads, then is removed so
     that a later ``import llama_cpp`` elsewhere still gets the real package.
+
+    One thread at a time: a module is in ``sys.modules`` before it has run, and the server's
+    request threads asking for the grammar converter together got one without its classes.
     """
-    full = f"llama_cpp.{name}"
+    with _LOADING:
+        return _load(f"llama_cpp.{name}")
+
+
+def _load(full: str) -> types.ModuleType:
     if full in sys.modules:
         return sys.modules[full]
     if "llama_cpp" in sys.modules:
