@@ -11,10 +11,12 @@ import jsonschema
 import pytest
 from test_tool_calls import _template, _tool
 
+from infer.runtime.chat_messages import chat_messages
 from infer.runtime.params import ContextParams
 from infer.runtime.results import Completion
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Session
+from infer.runtime.thinking_prompt import thinking_prompt
 from infer.runtime.tool_grammar import calls_grammar
 from infer.runtime.tool_stream import ToolCallStream
 from infer.runtime.tool_syntax import learn
@@ -52,14 +54,18 @@ def session(smollm2: Path):
 
 @pytest.mark.parametrize("name", SHAPES)
 def test_a_required_call_is_valid_and_reads_back(name: str, session: Session) -> None:
-    syntax = learn(_template(name), bos_token="<s>", eos_token="</s>")
+    """Under each shape's syntax: the call the grammar makes reads back whole and as it streams
+    (the same call), valid for its tool, and the template takes it back with the tool's
+    result (the server tests go on to the reply after it)."""
+    source = _template(name)
+    syntax = learn(source, bos_token="<s>", eos_token="</s>")
     grammar = calls_grammar(syntax, TOOLS, parallel=False)
+    ask = [{"role": "user", "content": "What's the weather in Paris?"}]
+    params = SamplingParams(temperature=0, grammar=grammar, max_tokens=300)  # (DeepSeek: many tokens)
     prompt = session.model.tokenize("<|im_start|>user\nWhat's the weather in Paris?<|im_end|>\n"
                                     "<|im_start|>assistant\n", add_special=False, parse_special=True)
-    session.context.memory_clear()
-    session.tokens.clear()
-    params = SamplingParams(temperature=0, grammar=grammar, max_tokens=300)  # (DeepSeek: many tokens)
-    done = next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
+    events = _generate(session, prompt, params)
+    done = events[-1]
     assert done.finish_reason == "eos", done.text  # the grammar ended: the call is whole
     stream = ToolCallStream(syntax, TOOLS)
     content = [e for e in stream.feed(done.text) + stream.finish() if isinstance(e, str)]
@@ -67,8 +73,25 @@ def test_a_required_call_is_valid_and_reads_back(name: str, session: Session) ->
     assert call.done and "".join(content).strip() == "", done.text
     tool = next(t for t in TOOLS if t["function"]["name"] == call.name)
     jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+    streamed = ToolCallStream(syntax, TOOLS)
+    for event in events[:-1]:
+        streamed.feed(event.text)
+    streamed.finish()
+    assert [(c.name, c.arguments) for c in streamed.calls] == [(call.name, call.arguments)]
     named = calls_grammar(syntax, TOOLS, name="search", parallel=False)  # (tool_choice: one function)
     assert "get_weather" not in named and "search" in named
+    # the call and its result go back as a client sends them
+    history = chat_messages([*ask, {"role": "assistant", "content": None, "tool_calls": [call.as_openai()]},
+                             {"role": "tool", "tool_call_id": call.id, "content": "sunny and 21 degrees"}])
+    after = thinking_prompt(session.model, history, template=source, tools=TOOLS).prompt.text
+    assert "sunny and 21 degrees" in after and call.name in after.split("sunny and 21 degrees")[0]
+
+
+def _generate(session: Session, prompt: list[int], params: SamplingParams) -> list:
+    """The pieces of a reply from a fresh context, then its Completion."""
+    session.context.memory_clear()
+    session.tokens.clear()
+    return list(session.generate(prompt, params))
 
 
 def test_a_grammar_with_a_trigger_leaves_the_text_free_until_it(session: Session) -> None:
@@ -102,7 +125,6 @@ def test_auto_holds_a_call_the_model_begins_to_its_grammar(session: Session) -> 
     call is held to the grammar: a whole call (one: parallel_tool_calls is false) of a tool,
     with valid arguments, and the reply ends there. The same nudge
     without the grammar gives no call at all, so the grammar is what made them valid."""
-    from infer.runtime.thinking_prompt import thinking_prompt
     from infer.runtime.tool_grammar import calls_params
     from infer.runtime.tool_request import parse_tools
     from infer.runtime.tool_stream import split_calls
