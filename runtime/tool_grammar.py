@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from infer.runtime import tool_harmony as harmony
 from infer.runtime.errors import FieldError, UsageError
 from infer.runtime.tool_syntax import ID, INDEX, Pairs, ToolSyntax
 
@@ -48,7 +49,7 @@ def calls_grammar(syntax: ToolSyntax, tools: Sequence[Mapping[str, Any]], *, nam
     converter = module.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     rules: dict[str, str] = {}
     bodies: dict[str, list[str]] = {"": [], "-alt": []}  # (the calls' rules, in each form the syntax has)
-    forms = {"": syntax, **({"-alt": syntax.alternate} if syntax.alternate is not None else {})}
+    forms = dict(zip(("", "-alt"), harmony.forms(syntax), strict=False))
     for i, tool in enumerate(tools):
         fn = tool.get("function", tool)
         if name is not None and fn["name"] != name:
@@ -120,7 +121,7 @@ def calls_params(params: Any, syntax: ToolSyntax, request: Any, model: Any = Non
 
 def marker_tokens(syntax: ToolSyntax, model: Any) -> frozenset[int]:
     """The control tokens of the calls' markers, in every form of `syntax`."""
-    texts = [getattr(form, name) for form in (syntax, syntax.alternate) if form is not None
+    texts = [getattr(form, name) for form in harmony.forms(syntax)
              for name in ("section_open", "call_open", "name_close", "call_close", "call_sep",
                           "section_close")]
     tokens = model.tokenize("".join(t.replace(INDEX, " ").replace(ID, " ") for t in texts), add_special=False,
@@ -132,8 +133,7 @@ def trigger_pattern(syntax: ToolSyntax) -> str:
     """For `tool_choice: auto`: the pattern (llama.cpp's lazy grammar: over the text so far, its
     group where the grammar starts) of the calls' opening as the grammar writes it, in any of
     the syntax's forms, so that the text it feeds the grammar is always one the grammar takes."""
-    forms = (syntax, syntax.alternate) if syntax.alternate is not None else (syntax,)
-    return r"[\s\S]*?((?:" + "|".join(_opening(form) for form in forms) + r")[\s\S]*)"
+    return r"[\s\S]*?((?:" + "|".join(_opening(form) for form in harmony.forms(syntax)) + r")[\s\S]*)"
 
 
 def _opening(syntax: ToolSyntax) -> str:
