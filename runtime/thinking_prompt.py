@@ -81,7 +81,7 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
     `infer batch` and the server share."""
     from infer.runtime import tool_generic
     from infer.runtime.prompt import chat_prompt, template_syntax, template_variables
-    from infer.runtime.tool_request import assistant_calls
+    from infer.runtime.tool_request import assistant_calls, template_tools
 
     request = request or ThinkingRequest()
     # An earlier turn's calls with their arguments as objects, as most templates walk them (a
@@ -97,7 +97,8 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
     variables, note = template_variables(model, template=template, think=request.think,
                                          extra=request.variables)
     if tools:
-        variables = {"tools": [dict(t) for t in tools], **variables}
+        source = template if template is not None else model.chat_template() or ""
+        variables = {**template_tools(tools, source), **variables}
     prompt = chat_prompt(model, messages, template=template, variables=variables)
     tokens, plan, budget_note = plan_thinking(model, prompt.text, prompt.tokens, template=template,
                                               budget=request.budget)

@@ -85,6 +85,8 @@ class CallReader:
         self.next_call = Marker(syntax.call_sep + syntax.call_open)
         self.call_close, self.section_close = Marker(syntax.call_close), Marker(syntax.section_close)
         self.name_close = Marker(syntax.name_close)
+        lead = _NAME.match(syntax.name_close)  # (a close that goes on as a name would: Llama's ".call(")
+        self.name_stop = lead.group() if lead else ""
         self.ids: list[str] = []  # an id for each call, kept from one reading to the next
 
     def read(self, text: str, final: bool) -> _Read:
@@ -107,7 +109,8 @@ class CallReader:
                 end = self.section_close.match(text, pos) if self.section_close else pos
                 if end == PARTIAL and not final:
                     raise _Partial
-                out.end = end if end >= 0 else pos  # (a reply may stop before the section's end)
+                # (a reply may stop before the section's end, or inside it)
+                out.end = end if end >= 0 else len(text) if end == PARTIAL else pos
                 return out
         except _Partial:
             if final:
@@ -144,8 +147,9 @@ class CallReader:
         if m.end() == len(text) and not final:
             raise _Partial
         found: dict[str, str] = {}
-        call = ToolCall("", m.group())
-        pos = self._expect(self.name_close, text, m.end(), final, found)
+        name = m.group().split(self.name_stop)[0] if self.name_stop else m.group()
+        call = ToolCall("", name)
+        pos = self._expect(self.name_close, text, m.start() + len(name), final, found)
         call.id = self._id(n, found)
         out.calls.append(call)
         if self.syntax.pairs is None:
@@ -218,7 +222,8 @@ class _Pairs:
     def __init__(self, syntax: ToolSyntax, strings: set[str]) -> None:
         assert syntax.pairs is not None
         self.p, self.strings = syntax.pairs, strings
-        self.call_close = Marker(syntax.call_close)
+        # (where each call has no end of its own, the calls' end ends the arguments: Llama's ")")
+        self.call_close = Marker(syntax.call_close or syntax.section_close)
         self.first_key = Marker(self.p.before_key)
         self.next_key = Marker(self.p.sep + self.p.before_key)
         self.after_key = {kind: Marker(text) for kind, text in self.p.after_key.items()}
@@ -231,11 +236,12 @@ class _Pairs:
         parts: list[str] = []
         try:
             while True:
-                if self.call_close.match(text, pos) >= 0:
+                close = self.call_close.match(text, pos)
+                if close >= 0 or (close == PARTIAL and final):  # (a reply may stop inside the end)
                     break
                 key_marker = self.next_key if parts else self.first_key
                 at = key_marker.match(text, pos)
-                if at == PARTIAL or (at == FAIL and self.call_close.match(text, pos) == PARTIAL):
+                if at == PARTIAL or (at == FAIL and close == PARTIAL):
                     raise _Partial
                 if at == FAIL:
                     raise _Fail

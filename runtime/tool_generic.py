@@ -17,7 +17,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infer.runtime.tool_syntax import ToolSyntax, learn, written
+from infer.runtime.template import render
+from infer.runtime.tool_syntax import ToolSyntax, empty_block, learn, turn_calls
 
 TEMPLATE = (
     '{%- for m in messages -%}<|{{ m.role }}|>{{ m.content or "" }}'
@@ -72,6 +73,19 @@ def described(messages: Sequence[Mapping[str, Any]],
     if out and out[0].get("role") == "system":
         return [{**out[0], "content": f"{out[0]['content']}\n\n{about}"}, *out[1:]]
     return [{"role": "system", "content": about}, *out]
+
+
+def written(source: str, tools: list[dict[str, Any]], calls: list[dict[str, Any]], content: str = "", *,
+            bos_token: str = "", eos_token: str = "") -> str:
+    """What a reply with `content` and `calls` (OpenAI's tool_calls) is, as the template writes
+    such a turn after a user's: the text a model trained on it generates (tests read it back)."""
+
+    def rendered(messages: list[dict[str, Any]], generation: bool = False) -> str:
+        return render(source, messages, bos_token=bos_token, eos_token=eos_token,
+                      add_generation_prompt=generation, variables={"tools": tools})
+
+    added, kept = turn_calls(rendered, calls, empty_block(source, bos_token, eos_token))
+    return (content if kept and content else "") + added
 
 
 def needs(messages: Sequence[Mapping[str, Any]]) -> bool:

@@ -108,6 +108,7 @@ def calls_params(params: Any, syntax: ToolSyntax, request: Any, model: Any = Non
     if request.choice == "none":
         return params
     shown = marker_tokens(syntax, model) if model is not None else frozenset()
+    syntax = ended_by_model(syntax, model) if model is not None else syntax
     if request.choice == "auto" and params.effective_grammar is not None:
         return replace(params, _shown_tokens=params._shown_tokens | shown)
     if params.effective_grammar is not None:
@@ -117,6 +118,22 @@ def calls_params(params: Any, syntax: ToolSyntax, request: Any, model: Any = Non
     triggers = (trigger_pattern(syntax),) if request.choice == "auto" else ()
     return replace(params, grammar=grammar, _grammar_triggers=triggers,
                    _shown_tokens=params._shown_tokens | shown)
+
+
+def ended_by_model(syntax: ToolSyntax, model: Any) -> ToolSyntax:
+    """`syntax` without a token that ends generation at the end of its calls (gpt-oss'
+    ``<|call|>``, Llama's ``<|eom_id|>``): a grammar lets such a token through only once it is
+    complete, so a grammar that wrote it would have the model spell it out. The grammar ends
+    before it, and the model's own token ends the reply (the calls are read without it)."""
+    from dataclasses import replace
+
+    def cut(form: ToolSyntax) -> ToolSyntax:
+        tokens = model.tokenize(form.section_close, add_special=False, parse_special=True)
+        end = model.special_token_text(tokens[-1]) if tokens and model.is_eog(tokens[-1]) else ""
+        return replace(form, section_close=form.section_close[:-len(end)]) if end and \
+            form.section_close.endswith(end) else form
+
+    return replace(cut(syntax), alternate=cut(syntax.alternate) if syntax.alternate else None)
 
 
 def marker_tokens(syntax: ToolSyntax, model: Any) -> frozenset[int]:

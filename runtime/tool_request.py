@@ -16,6 +16,10 @@ from typing import Any
 from infer.runtime.errors import FieldError
 
 _NAME = re.compile(r"[A-Za-z0-9_\-.]{1,64}")
+# Tools Llama 3.1-3.3 were trained to call in a form of their own, `<|python_tag|>NAME.call(...)`
+# (Meta's model card; its code_interpreter, which writes bare code rather than a call, is left
+# out): a template that reads `builtin_tools` is told which of a request's tools these are.
+BUILT_IN = ("brave_search", "wolfram_alpha")
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,13 @@ class ToolRequest:
     def active(self) -> bool:
         """Whether the reply may hold calls."""
         return bool(self.tools) and self.choice != "none"
+
+
+def template_tools(tools: Any, source: str) -> dict[str, Any]:
+    """The variables the chat template `source` is given for a request's `tools`."""
+    names = [t.get("function", t).get("name") for t in tools] if "builtin_tools" in source else []
+    built_in = [n for n in names if n in BUILT_IN]
+    return {"tools": [dict(t) for t in tools], **({"builtin_tools": built_in} if built_in else {})}
 
 
 def parse_tools(body: dict[str, Any]) -> ToolRequest:

@@ -5,9 +5,9 @@ turn (with the probe tools given, as a request gives them). The text the calls a
 apart, never matched against a list of model names, so a template never seen before that
 writes its calls in a known shape works:
 
-- the call is one JSON object holding the name and the arguments (Hermes and Qwen 2.5/3's
+- the call is one JSON object holding the name and the arguments (Hermes and Qwen's
   ``<tool_call>{"name": …, "arguments": …}</tool_call>``, Llama 3.x's ``parameters``, Command
-  R7B's list, Mistral Nemo's ``[TOOL_CALLS][…]``; or ``{"NAME": {…}}``, Apertus'),
+  R7B's list, Mistral Nemo's ``[TOOL_CALLS][…]``, Apertus' ``{"NAME": {…}}``),
 - or the name is written and then the arguments as a JSON object (DeepSeek V3.1, Kimi K2's
   ``functions.NAME:0``, Mistral's ``[TOOL_CALLS]NAME[ARGS]{…}``, gpt-oss' ``to=functions.NAME``,
   functionary's ``<function=NAME>{…}``),
@@ -15,8 +15,9 @@ writes its calls in a known shape works:
   ``<parameter=KEY>``, GLM's ``<arg_key>``, MiniMax's ``<parameter name="KEY">``, DeepSeek
   V3.2's DSML, Seed-OSS, MiniCPM, LFM2's ``NAME(key='value')``).
 
-What stands around the calls, around each and between them, and the parts that count the
-calls (Kimi's ``:0``) or carry a call's id, come from comparing the renderings.
+What stands around the calls, around each and between them, and what counts the calls
+(Kimi's ``:0``) or carries a call's id, come from comparing the renderings. Where the template
+writes built-in tools' calls in a form of their own, that form is the syntax's `alternate`.
 """
 
 from __future__ import annotations
@@ -47,9 +48,8 @@ def probe_tools() -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Pairs:
-    """Arguments written as keys and values between markers rather than as a JSON object. A
-    value of a string is written as is; any other as JSON. `after_key` and `after_value` are
-    by the value's kind ("string" or "other": DSML says ``string="true"``, Gemma quotes)."""
+    """Arguments as keys and values between markers: a string value as is, any other as JSON;
+    `after_key`, `after_value` by its kind ("string", "other": DSML's ``string="true"``)."""
 
     before_key: str
     after_key: Mapping[str, str]
@@ -97,49 +97,44 @@ def _call(i: int, n: int, arguments: Any) -> dict[str, Any]:
     return {"id": IDS[n], "type": "function", "function": {"name": NAMES[i], "arguments": arguments}}
 
 
-@functools.lru_cache(maxsize=32)
-def learn(source: str, *, bos_token: str = "", eos_token: str = "") -> ToolSyntax | None:
-    """The tool-call syntax of the chat template `source`, or None where it renders no calls."""
+@functools.lru_cache(maxsize=64)
+def learn(source: str, *, bos_token: str = "", eos_token: str = "",
+          builtin: bool = False) -> ToolSyntax | None:
+    """The tool-call syntax of the chat template `source`, or None where it renders no calls;
+    `builtin`: of tools it is told are built in (Llama 3.x's ``<|python_tag|>NAME.call(k="v")``)."""
+    given = {"tools": probe_tools(), **({"builtin_tools": list(NAMES)} if builtin else {})}
 
     def rendered(messages: list[dict[str, Any]], generation: bool = False) -> str:
         try:
             return render(source, messages, bos_token=bos_token, eos_token=eos_token,
-                          add_generation_prompt=generation, variables={"tools": probe_tools()})
+                          add_generation_prompt=generation, variables=given)
         except Exception:  # (a template that refuses this probe renders no calls of this kind)
             return ""
 
-    empty = _empty_block(source, bos_token, eos_token)
+    empty = empty_block(source, bos_token, eos_token)
 
     def calls_text(*which: int) -> tuple[str, bool]:
-        text, kept = _turn_calls(rendered, [_call(i, n, ARGS[i]) for n, i in enumerate(which)], empty)
+        args = [{k: str(v) for k, v in ARGS[i].items()} if builtin else ARGS[i] for i in which]
+        text, kept = turn_calls(rendered, [_call(i, n, args[n]) for n, i in enumerate(which)], empty)
         for n in range(len(which)):
             text = text.replace(IDS[n], ID)
         return text, kept
 
     one, kept = calls_text(0)
     if NAMES[0] not in one:
-        return None
-    two, solo = calls_text(0, 1)[0], calls_text(1)[0]  # (solo: a call with two arguments, alone)
+        return None  # (below, solo: a call with two arguments, alone)
+    two, solo = calls_text(0, 1)[0], calls_text(1)[0]
     syntax = _learn_calls(one, two if NAMES[1] in two else "", solo if NAMES[1] in solo else "")
     from infer.runtime.tool_harmony import harmony_order  # (the header's other order, where it has one)
 
-    return harmony_order(ToolSyntax(**{**syntax.__dict__, "content_first": kept})) if syntax else None
+    syntax = harmony_order(ToolSyntax(**{**syntax.__dict__, "content_first": kept})) if syntax else None
+    if syntax is None or builtin or "builtin_tools" not in source or syntax.alternate is not None:
+        return syntax  # (else the form of its built-in tools is the alternate)
+    other = learn(source, bos_token=bos_token, eos_token=eos_token, builtin=True)
+    return ToolSyntax(**{**syntax.__dict__, "alternate": other}) if other not in (None, syntax) else syntax
 
 
-def written(source: str, tools: list[dict[str, Any]], calls: list[dict[str, Any]], content: str = "", *,
-            bos_token: str = "", eos_token: str = "") -> str:
-    """What a reply with `content` and `calls` (OpenAI's tool_calls) is, as the template writes
-    such a turn after a user's: the text a model trained on it generates (tests read it back)."""
-
-    def rendered(messages: list[dict[str, Any]], generation: bool = False) -> str:
-        return render(source, messages, bos_token=bos_token, eos_token=eos_token,
-                      add_generation_prompt=generation, variables={"tools": tools})
-
-    added, kept = _turn_calls(rendered, calls, _empty_block(source, bos_token, eos_token))
-    return (content if kept and content else "") + added
-
-
-def _turn_calls(rendered: Callable[..., str], calls: list[dict[str, Any]],
+def turn_calls(rendered: Callable[..., str], calls: list[dict[str, Any]],
                 empty: re.Pattern[str] | None) -> tuple[str, bool]:
     """The text `calls` add to an assistant turn (after a placeholder text), and whether the
     template keeps the turn's text with them. Where a turn with text shows no call
@@ -157,7 +152,7 @@ def _turn_calls(rendered: Callable[..., str], calls: list[dict[str, Any]],
     return (added[lead.end():] if lead else added), kept
 
 
-def _empty_block(source: str, bos_token: str, eos_token: str) -> re.Pattern[str] | None:
+def empty_block(source: str, bos_token: str, eos_token: str) -> re.Pattern[str] | None:
     """An empty reasoning block the template writes before a reply's calls (Command R7B's
     ``<|START_THINKING|><|END_THINKING|>``): not part of the calls."""
     from infer.runtime.reasoning import detect

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from tiny_model import fixtures_dir
 
+from infer.runtime.tool_generic import written
 from infer.runtime.tool_stream import ArgumentsPiece, CallStarted, ToolCallStream
-from infer.runtime.tool_syntax import learn, written
+from infer.runtime.tool_syntax import learn
 
 HERE = Path(__file__).parent / "chat_templates"
 
@@ -113,6 +114,38 @@ def test_text_that_only_looks_like_a_call_stays_content(name, text):
     syntax = learn(_template(name), bos_token="<s>", eos_token="</s>")
     for pieces in _cuts(text, random.Random(text)):
         assert _read(syntax, pieces) == (text, [], [])
+
+
+def test_llama_built_in_tools_are_called_as_its_template_writes_them():
+    """Llama 3.1-3.3: a request's tool the model knows as built in (brave_search) is named so
+    in the system prompt, and its calls are written `<|python_tag|>NAME.call(key="value")` and
+    end the message with <|eom_id|>: such a reply reads back as the call, whole or in pieces,
+    also where the reply stops at the end token (its text not shown); other tools' calls are
+    the template's JSON."""
+    from infer.runtime.template import render
+    from infer.runtime.tool_request import template_tools
+
+    source = _template("meta-llama-Llama-3.3-70B-Instruct")
+    syntax = learn(source, bos_token="<s>", eos_token="</s>")
+    assert syntax is not None and syntax.alternate is not None
+    tools = [_tool("brave_search", query="string", count="integer"), *TOOLS]
+    # (the template adds the values to strings: each a string here)
+    call = _openai([("brave_search", {"query": "weather in Paris", "count": "3"})])
+    turn = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "", "tool_calls": call}]
+    rendered = render(source, turn, variables=template_tools(tools, source))
+    assert "Tools: brave_search\n" in rendered
+    text = rendered[rendered.index("<|python_tag|>"):rendered.index("<|eom_id|>") + len("<|eom_id|>")]
+    assert text.startswith("<|python_tag|>brave_search.call("), text
+    for reply in (text, text.removesuffix("<|eom_id|>")):
+        for pieces in _cuts(reply, random.Random(reply)):
+            stream = ToolCallStream(syntax, tools)
+            events = [e for piece in pieces for e in stream.feed(piece)] + stream.finish()
+            assert [e for e in events if isinstance(e, str)] == [], pieces
+            assert [(c.name, json.loads(c.arguments)) for c in stream.calls] == [
+                ("brave_search", {"query": "weather in Paris", "count": 3})]
+    assert "Tools:" not in render(source, turn[:1], variables=template_tools(TOOLS, source))
+    json_call = written(source, TOOLS, _openai(CALLS[:1]))
+    assert _read(syntax, [json_call])[1] == CALLS[:1]
 
 
 def test_an_id_the_model_writes_is_the_calls_id():

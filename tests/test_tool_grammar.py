@@ -17,8 +17,9 @@ from infer.runtime.results import Completion
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.session import Session
 from infer.runtime.thinking_prompt import thinking_prompt
-from infer.runtime.tool_grammar import calls_grammar
-from infer.runtime.tool_stream import ToolCallStream
+from infer.runtime.tool_grammar import calls_grammar, calls_params
+from infer.runtime.tool_request import parse_tools
+from infer.runtime.tool_stream import ToolCallStream, split_calls
 from infer.runtime.tool_syntax import learn
 
 TOOLS = [_tool("get_weather", city="string", days="integer"),
@@ -31,6 +32,7 @@ TOOLS[1]["function"]["parameters"]["properties"]["query"]["maxLength"] = 20
 SHAPES = (
     "Qwen-Qwen3-0.6B",  # a JSON object in <tool_call> tags
     "meta-llama-Llama-3.2-3B-Instruct",  # a bare JSON object with "parameters"
+    "meta-llama-Llama-3.3-70B-Instruct",  # the same, or <|python_tag|>NAME.call(key="value")
     "mistralai-Mistral-Nemo-Instruct-2407",  # a JSON list, each call with its id
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use",  # a list whose calls carry their number
     "Apertus-8B-Instruct",  # {"NAME": {...}}
@@ -48,15 +50,15 @@ SHAPES = (
 
 @pytest.fixture(scope="module")
 def session(smollm2: Path):
-    with Session.open(smollm2, ContextParams(n_ctx=1024)) as s:
+    with Session.open(smollm2, ContextParams(n_ctx=2048)) as s:
         yield s
 
 
 @pytest.mark.parametrize("name", SHAPES)
 def test_a_required_call_is_valid_and_reads_back(name: str, session: Session) -> None:
     """Under each shape's syntax: the call the grammar makes reads back whole and as it streams
-    (the same call), valid for its tool, and the template takes it back with the tool's
-    result (the server tests go on to the reply after it)."""
+    (the same call), valid for its tool; the template takes it back with the tool's result,
+    and the model replies to that."""
     source = _template(name)
     syntax = learn(source, bos_token="<s>", eos_token="</s>")
     grammar = calls_grammar(syntax, TOOLS, parallel=False)
@@ -83,8 +85,19 @@ def test_a_required_call_is_valid_and_reads_back(name: str, session: Session) ->
     # the call and its result go back as a client sends them
     history = chat_messages([*ask, {"role": "assistant", "content": None, "tool_calls": [call.as_openai()]},
                              {"role": "tool", "tool_call_id": call.id, "content": "sunny and 21 degrees"}])
-    after = thinking_prompt(session.model, history, template=source, tools=TOOLS).prompt.text
-    assert "sunny and 21 degrees" in after and call.name in after.split("sunny and 21 degrees")[0]
+    after = thinking_prompt(session.model, history, template=source, tools=TOOLS)
+    assert "sunny and 21 degrees" in after.prompt.text
+    assert call.name in after.prompt.text.split("sunny and 21 degrees")[0]
+    # and the model replies after it (tool_choice auto): text, or another call, valid (its turn's
+    # end ruled out: under some formats this model would end the turn at once)
+    request = parse_tools({"tools": TOOLS, "tool_choice": "auto"})
+    params = SamplingParams(temperature=0, max_tokens=40, logit_bias=((session.model.eos, -100.0),))
+    reply = _generate(session, after.tokens, calls_params(params, syntax, request, session.model))[-1]
+    reply = split_calls(reply, syntax, request)
+    assert reply.text.strip() or reply.tool_calls, reply
+    for again in reply.tool_calls:
+        tool = next(t for t in TOOLS if t["function"]["name"] == again["function"]["name"])
+        jsonschema.validate(json.loads(again["function"]["arguments"]), tool["function"]["parameters"])
 
 
 def _generate(session: Session, prompt: list[int], params: SamplingParams) -> list:
@@ -183,6 +196,39 @@ def test_call_markers_made_of_control_tokens_are_seen_in_the_reply(session: Sess
     done = next(e for e in session.generate(prompt, calls_params(nudged, syntax, request, session.model))
                 if isinstance(e, Completion))
     assert code in done.tokens
+    (call,) = split_calls(done, syntax, request).tool_calls
+    tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
+    jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+
+
+# One call, closed by one of the embedded model's end-of-generation tokens, as gpt-oss closes
+# its calls with <|call|> and Llama its built-in tools' with <|eom_id|>
+ENDED = """{%- for m in messages -%}<|im_start|>{{ m.role }}
+{% if m.tool_calls %}{% set c = m.tool_calls[0] %}<jupyter_code>{"name": {{ c.function.name | tojson }}, \
+"arguments": {{ c.function.arguments | tojson }}}<|endoftext|>{% else %}{{ m.content }}{% endif %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def test_calls_closed_by_an_end_of_generation_token_end_with_that_token(session: Session) -> None:
+    """A grammar lets an end-of-generation token through only once it is complete: the call's
+    grammar ends before the closing token, and the model ends the reply with the token itself
+    rather than spelling its text out in pieces."""
+    from infer.runtime.template import render
+    from infer.runtime.tool_grammar import calls_params
+    from infer.runtime.tool_request import parse_tools
+    from infer.runtime.tool_stream import split_calls
+
+    syntax = learn(ENDED)
+    assert syntax is not None and syntax.section_close == "<|endoftext|>"
+    request = parse_tools({"tools": TOOLS, "tool_choice": "required"})
+    prompt = session.model.tokenize(render(ENDED, [{"role": "user", "content": "Weather in Paris?"}]),
+                                    add_special=False, parse_special=True)
+    session.context.memory_clear()
+    session.tokens.clear()
+    params = calls_params(SamplingParams(temperature=0, max_tokens=120), syntax, request, session.model)
+    done = next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
+    assert done.finish_reason == "eos" and "endoftext" not in done.text, done.text
     (call,) = split_calls(done, syntax, request).tool_calls
     tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
     jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
