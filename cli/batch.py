@@ -141,6 +141,7 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
 
     from infer.cli import remote
     from infer.cli.result_json import result_json
+    from infer.cli.run_tools import expect_calls
 
     prompt_flags = line_prompt_flags(flags)
 
@@ -161,8 +162,7 @@ def _through_server(flags: Mapping[str, Any], where: remote.Address, items: list
                         raise UsageError(item.error)
                     body = server_body(flags, item, overrides, prompt_flags)
                     completion = remote.generate(where, "/v1/chat/completions", body)
-                    if item.tools is not None and item.tools.active and completion.tool_calls is None:
-                        completion.tool_calls = []
+                    expect_calls(completion, item.tools)
                 except UsageError as e:  # this line's mistake (the server said 400): the batch goes on
                     with lock:
                         writer.error(item.index, str(e))

@@ -234,8 +234,10 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
         completion = remote.generate(where, path, body, on_text=reply.piece, on_thought=reply.reasoning)
     finally:
         reply.end()
-    if tools is not None and completion.tool_calls is None:
-        completion.tool_calls = []
+    if tools is not None:
+        from infer.cli.run_tools import expect_calls
+
+        expect_calls(completion, tools)
     _report(flags, model, completion, record, reply)
 
 

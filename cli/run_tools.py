@@ -33,8 +33,7 @@ def tool_request(flags: Mapping[str, Any]) -> Any:
         raise UsageError(f"--tools is not valid JSON: {e}") from None
     body: dict[str, Any] = {"tools": tools}
     if choice is not None:
-        body["tool_choice"] = choice if choice in ("auto", "none", "required") else \
-            {"type": "function", "function": {"name": choice}}
+        body["tool_choice"] = _choice_field(choice)
     try:
         return parse_tools(body)
     except FieldError as e:
@@ -86,11 +85,23 @@ def print_calls(calls: list[dict[str, Any]]) -> None:
     sys.stdout.flush()
 
 
+def expect_calls(completion: Any, request: Any) -> None:
+    """A server's reply to a request whose reply may call tools has `tool_calls` ([] where it
+    made none), as a local one does."""
+    if request is not None and request.active and completion.tool_calls is None:
+        completion.tool_calls = []
+
+
 def request_fields(request: Any) -> dict[str, Any]:
     """A ToolRequest as the fields of a chat request to a server."""
-    choice = {"type": "function", "function": {"name": request.name}} if request.choice == "function" \
-        else request.choice
+    choice = _choice_field(request.name if request.choice == "function" else request.choice)
     return {"tools": list(request.tools), "tool_choice": choice, "parallel_tool_calls": request.parallel}
+
+
+def _choice_field(choice: str) -> Any:
+    """A --tool-choice (auto, none, required, or a tool's name) as the request field."""
+    keyword = choice in ("auto", "none", "required")
+    return choice if keyword else {"type": "function", "function": {"name": choice}}
 
 
 def _arguments(call: Mapping[str, Any]) -> Any:

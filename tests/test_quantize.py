@@ -19,6 +19,7 @@ def test_quantized_gguf_runs_by_name(tiny_qwen, infer_home, quant):
     assert r.stdout.strip() == str(out)
     assert out.stat().st_size < tiny_qwen.stat().st_size
     assert f"infer run {out.stem}" in r.stderr
+    assert "mean KL divergence" in r.stderr and "top-1 agreement" in r.stderr  # (the quality check)
     ran = run_cli("run", out.stem, "Hello", "-n", "4", "--seed", "1")
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip()

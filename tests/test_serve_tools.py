@@ -164,6 +164,8 @@ def test_infer_run_and_batch_through_the_server_give_the_calls(server: Server, t
     assert result["finish_reason"] == "tool_calls" and result["text"] == ""
     calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in result["tool_calls"]]
     assert calls == [(c["name"], c["arguments"]) for c in lines]
+    none = ["run", "smollm2", "Hi", "--tools", f"@{tools}", "--tool-choice", "none", "-n", "4", "--json"]
+    assert "tool_calls" not in json.loads(run_cli(*none, env=env).stdout)  # (as in a local run)
     line = {"id": "w", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
             "max_tokens": 120, "think": False, "parallel_tool_calls": False}
     batch = run_cli("batch", "smollm2", input=json.dumps(line) + "\n", env=env)

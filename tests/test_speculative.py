@@ -232,7 +232,7 @@ PROMPTS: list[str | list[dict[str, str]]] = [
     [{"role": "user", "content": "Translate to French: good morning, good evening, good night."}],
     [{"role": "user", "content": "Explain what a hash table is."}],
 ]
-N_GEN = 64
+N_GEN = 40
 
 
 def tokens_of(session: Session, prompt: str | list[dict[str, str]]) -> list[int]:

@@ -91,7 +91,7 @@ def test_a_required_call_is_valid_and_reads_back(name: str, session: Session) ->
     # and the model replies after it (tool_choice auto): text, or another call, valid (its turn's
     # end ruled out: under some formats this model would end the turn at once)
     request = parse_tools({"tools": TOOLS, "tool_choice": "auto"})
-    params = SamplingParams(temperature=0, max_tokens=40, logit_bias=((session.model.eos, -100.0),))
+    params = SamplingParams(temperature=0, max_tokens=16, logit_bias=((session.model.eos, -100.0),))
     reply = _generate(session, after.tokens, calls_params(params, syntax, request, session.model))[-1]
     reply = split_calls(reply, syntax, request)
     assert reply.text.strip() or reply.tool_calls, reply
