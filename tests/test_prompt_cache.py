@@ -109,7 +109,9 @@ def test_eviction_keeps_the_cache_under_its_cap(tiny_qwen, infer_home):
 def test_eight_concurrent_runs_share_one_cache(tiny_qwen, infer_home):
     questions = [f"Question number {i}?" for i in range(8)]
     expected = [ask(tiny_qwen, q, "--no-cache")["text"] for q in questions]
-    procs = [subprocess.Popen([*CLI, "run", tiny_qwen, "--json", "-n", "3", "--temp", "0", "-s", POLICY, q],
+    # (one thread each: eight processes spinning two threads each on two cores wait on each other)
+    procs = [subprocess.Popen([*CLI, "run", tiny_qwen, "--json", "-n", "3", "--temp", "0", "-s", POLICY,
+                               "-t", "1", q],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for q in questions]
     results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 8, [err.decode()[-500:] for _, err in results]
