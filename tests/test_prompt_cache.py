@@ -108,8 +108,8 @@ def test_eviction_keeps_the_cache_under_its_cap(tiny_qwen, infer_home):
 
 def test_eight_concurrent_runs_share_one_cache(tiny_qwen, infer_home):
     questions = [f"Question number {i}?" for i in range(8)]
-    expected = [ask(tiny_qwen, q, "--no-cache")["text"] for q in questions]
     # (one thread each: eight processes spinning two threads each on two cores wait on each other)
+    expected = [ask(tiny_qwen, q, "--no-cache", "-t", "1")["text"] for q in questions]
     procs = [subprocess.Popen([*CLI, "run", tiny_qwen, "--json", "-n", "3", "--temp", "0", "-s", POLICY,
                                "-t", "1", q],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for q in questions]
