@@ -12,7 +12,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infer.runtime import tool_harmony as harmony
 from infer.runtime.errors import FieldError, UsageError
 from infer.runtime.tool_syntax import ID, INDEX, Pairs, ToolSyntax
 
@@ -49,7 +48,7 @@ def calls_grammar(syntax: ToolSyntax, tools: Sequence[Mapping[str, Any]], *, nam
     converter = module.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     rules: dict[str, str] = {}
     bodies: dict[str, list[str]] = {"": [], "-alt": []}  # (the calls' rules, in each form the syntax has)
-    forms = dict(zip(("", "-alt"), harmony.forms(syntax), strict=False))
+    forms = dict(zip(("", "-alt"), syntax.forms, strict=False))
     for i, tool in enumerate(tools):
         fn = tool.get("function", tool)
         if name is not None and fn["name"] != name:
@@ -138,7 +137,7 @@ def ended_by_model(syntax: ToolSyntax, model: Any) -> ToolSyntax:
 
 def marker_tokens(syntax: ToolSyntax, model: Any) -> frozenset[int]:
     """The control tokens of the calls' markers, in every form of `syntax`."""
-    texts = [getattr(form, name) for form in harmony.forms(syntax)
+    texts = [getattr(form, name) for form in syntax.forms
              for name in ("section_open", "call_open", "name_close", "call_close", "call_sep",
                           "section_close")]
     tokens = model.tokenize("".join(t.replace(INDEX, " ").replace(ID, " ") for t in texts), add_special=False,
@@ -150,7 +149,7 @@ def trigger_pattern(syntax: ToolSyntax) -> str:
     """For `tool_choice: auto`: the pattern (llama.cpp's lazy grammar: over the text so far, its
     group where the grammar starts) of the calls' opening as the grammar writes it, in any of
     the syntax's forms, so that the text it feeds the grammar is always one the grammar takes."""
-    return r"[\s\S]*?((?:" + "|".join(_opening(form) for form in harmony.forms(syntax)) + r")[\s\S]*)"
+    return r"[\s\S]*?((?:" + "|".join(_opening(form) for form in syntax.forms) + r")[\s\S]*)"
 
 
 def _opening(syntax: ToolSyntax) -> str:

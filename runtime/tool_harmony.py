@@ -27,7 +27,3 @@ def harmony_order(syntax: Any) -> Any:
                                 name_close=f" <|constrain|>{content_type}{message}")
     return dataclasses.replace(syntax, alternate=other)
 
-
-def forms(syntax: Any) -> tuple[Any, ...]:
-    """The forms a reply may write the calls of `syntax` in: its own, then its alternate."""
-    return (syntax,) if syntax.alternate is None else (syntax, syntax.alternate)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from infer.runtime.tool_calls import CallReader, ToolCall, string_params
-from infer.runtime.tool_harmony import forms
 from infer.runtime.tool_markers import FAIL, PARTIAL, Marker
 from infer.runtime.tool_syntax import ToolSyntax
 
@@ -48,7 +47,7 @@ class ToolCallStream:
                  single: bool = False) -> None:
         self.syntax, self.single = syntax, single
         self.strings = string_params(tools)
-        self.triggers = [(form, Marker(form.trigger)) for form in forms(syntax)]  # (the calls' opening)
+        self.triggers = [(form, Marker(form.trigger)) for form in syntax.forms]  # (the calls' opening)
         self.pending = ""  # content that may be the start of the trigger
         self.buffer: str | None = None  # the text from the trigger on, while calls are read
         self.reader: CallReader | None = None

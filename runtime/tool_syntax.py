@@ -80,7 +80,12 @@ class ToolSyntax:
     index_base: int = 0
     parallel: bool = True
     content_first: bool = field(default=True, compare=False)  # the template keeps text before calls
-    alternate: ToolSyntax | None = None  # the same calls as a model may also write them (tool_harmony.py)
+    alternate: ToolSyntax | None = None  # the same calls as a model may also write them (harmony, built-in)
+
+    @property
+    def forms(self) -> tuple[ToolSyntax, ...]:
+        """The forms a reply may write these calls in: this one, then its alternate."""
+        return (self,) if self.alternate is None else (self, self.alternate)
 
     @property
     def trigger(self) -> str:

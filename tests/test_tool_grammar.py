@@ -117,10 +117,7 @@ def test_a_grammar_with_a_trigger_leaves_the_text_free_until_it(session: Session
                                     add_special=False, parse_special=True)
 
     def reply(**grammar: object) -> Completion:
-        session.context.memory_clear()
-        session.tokens.clear()
-        params = SamplingParams(temperature=0, max_tokens=20, **grammar)
-        return next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
+        return _generate(session, prompt, SamplingParams(temperature=0, max_tokens=20, **grammar))[-1]
 
     free = reply()
     assert free.text.startswith("I'm so glad ") and not free.text.startswith("I'm so glad to help.")
@@ -138,10 +135,6 @@ def test_auto_holds_a_call_the_model_begins_to_its_grammar(session: Session) -> 
     call is held to the grammar: a whole call (one: parallel_tool_calls is false) of a tool,
     with valid arguments, and the reply ends there. The same nudge
     without the grammar gives no call at all, so the grammar is what made them valid."""
-    from infer.runtime.tool_grammar import calls_params
-    from infer.runtime.tool_request import parse_tools
-    from infer.runtime.tool_stream import split_calls
-
     template = _template("Qwen-Qwen3-0.6B")
     syntax = learn(template)
     request = parse_tools({"tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": False})
@@ -151,10 +144,7 @@ def test_auto_holds_a_call_the_model_begins_to_its_grammar(session: Session) -> 
     nudged = SamplingParams(temperature=0, max_tokens=150, logit_bias=((lt, 8.0),))
 
     def reply(params: SamplingParams) -> Completion:
-        session.context.memory_clear()
-        session.tokens.clear()
-        done = next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
-        return split_calls(done, syntax, request)
+        return split_calls(_generate(session, prompt, params)[-1], syntax, request)
 
     held = reply(calls_params(nudged, syntax, request))
     assert len(held.tool_calls) == 1 and held.finish_reason == "tool_calls" and held.text == ""
@@ -180,9 +170,6 @@ def test_call_markers_made_of_control_tokens_are_seen_in_the_reply(session: Sess
     """A control token's text is empty unless asked for: the markers of the calls are shown in
     the reply's text, so that the call the grammar made is read back."""
     from infer.runtime.template import render
-    from infer.runtime.tool_grammar import calls_params
-    from infer.runtime.tool_request import parse_tools
-    from infer.runtime.tool_stream import split_calls
 
     syntax = learn(CONTROL)
     (code,) = session.model.tokenize("<jupyter_code>", add_special=False, parse_special=True)
@@ -191,10 +178,7 @@ def test_call_markers_made_of_control_tokens_are_seen_in_the_reply(session: Sess
     prompt = session.model.tokenize(render(CONTROL, [{"role": "user", "content": "Weather in Paris?"}]),
                                     add_special=False, parse_special=True)
     nudged = SamplingParams(temperature=0, max_tokens=120, logit_bias=((code, 50.0),))  # (not its text)
-    session.context.memory_clear()
-    session.tokens.clear()
-    done = next(e for e in session.generate(prompt, calls_params(nudged, syntax, request, session.model))
-                if isinstance(e, Completion))
+    done = _generate(session, prompt, calls_params(nudged, syntax, request, session.model))[-1]
     assert code in done.tokens
     (call,) = split_calls(done, syntax, request).tool_calls
     tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
@@ -215,19 +199,14 @@ def test_calls_closed_by_an_end_of_generation_token_end_with_that_token(session:
     grammar ends before the closing token, and the model ends the reply with the token itself
     rather than spelling its text out in pieces."""
     from infer.runtime.template import render
-    from infer.runtime.tool_grammar import calls_params
-    from infer.runtime.tool_request import parse_tools
-    from infer.runtime.tool_stream import split_calls
 
     syntax = learn(ENDED)
     assert syntax is not None and syntax.section_close == "<|endoftext|>"
     request = parse_tools({"tools": TOOLS, "tool_choice": "required"})
     prompt = session.model.tokenize(render(ENDED, [{"role": "user", "content": "Weather in Paris?"}]),
                                     add_special=False, parse_special=True)
-    session.context.memory_clear()
-    session.tokens.clear()
     params = calls_params(SamplingParams(temperature=0, max_tokens=120), syntax, request, session.model)
-    done = next(e for e in session.generate(prompt, params) if isinstance(e, Completion))
+    done = _generate(session, prompt, params)[-1]
     assert done.finish_reason == "eos" and "endoftext" not in done.text, done.text
     (call,) = split_calls(done, syntax, request).tool_calls
     tool = next(t for t in TOOLS if t["function"]["name"] == call["function"]["name"])
