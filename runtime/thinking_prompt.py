@@ -81,14 +81,14 @@ def thinking_prompt(model: Any, messages: Sequence[Mapping[str, Any]], *, templa
     `infer batch` and the server share."""
     from infer.runtime import tool_generic
     from infer.runtime.prompt import chat_prompt, template_syntax, template_variables
-    from infer.runtime.tool_request import assistant_calls, template_tools
+    from infer.runtime.tool_request import template_calls, template_tools
 
     request = request or ThinkingRequest()
+    syntax = template_syntax(model, template) if tools or tool_generic.needs(messages) else None
     # An earlier turn's calls with their arguments as objects, as most templates walk them (a
-    # saved conversation keeps OpenAI's JSON strings)
-    messages = [{**m, "tool_calls": assistant_calls(dict(m), f"messages[{i}]")} if m.get("tool_calls") else m
-                for i, m in enumerate(messages)]
-    if (tools or tool_generic.needs(messages)) and template_syntax(model, template) is None:
+    # saved conversation keeps OpenAI's JSON strings), or as JSON text where the template wants it
+    messages = template_calls(list(messages), strings=syntax is not None and syntax.string_arguments)
+    if (tools or tool_generic.needs(messages)) and syntax is None:
         messages, tools = tool_generic.described(messages, tools), ()  # (the template knows no tools)
     # An earlier reply's reasoning under the names templates read it by (most the first;
     # `thinking`: GLM's and Ollama's; `reasoning`: Solar Open's and vLLM's)

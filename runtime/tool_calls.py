@@ -79,9 +79,10 @@ class CallReader:
     reading reads the whole text again (a reply's calls are short), so that what is given out
     only grows."""
 
-    def __init__(self, syntax: ToolSyntax, strings: Mapping[str, set[str]]) -> None:
+    def __init__(self, syntax: ToolSyntax, strings: Mapping[str, set[str]], *, opened: str = "") -> None:
         self.syntax, self.strings = syntax, strings
-        self.opening = Marker(syntax.section_open + syntax.call_open)
+        # (`opened`: the start of the opening, which the prompt wrote and the text lacks)
+        self.opening = Marker((syntax.section_open + syntax.call_open)[len(opened):])
         self.next_call = Marker(syntax.call_sep + syntax.call_open)
         self.call_close, self.section_close = Marker(syntax.call_close), Marker(syntax.section_close)
         self.name_close = Marker(syntax.name_close)
@@ -150,6 +151,8 @@ class CallReader:
         name = m.group().split(self.name_stop)[0] if self.name_stop else m.group()
         call = ToolCall("", name)
         pos = self._expect(self.name_close, text, m.start() + len(name), final, found)
+        if not self.name_close and self.syntax.pairs is None:  # (white space alone: a call once its
+            pos = _object_start(text, pos)  # arguments begin, not a word of text: functionary v3.2's)
         call.id = self._id(n, found)
         out.calls.append(call)
         if self.syntax.pairs is None:

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infer.runtime.template import render
-from infer.runtime.tool_syntax import ToolSyntax, empty_block, learn, turn_calls
+from infer.runtime.tool_syntax import ToolSyntax, learn
+from infer.runtime.tool_turn import empty_block, turn_calls
 
 TEMPLATE = (
     '{%- for m in messages -%}<|{{ m.role }}|>{{ m.content or "" }}'
@@ -84,8 +85,16 @@ def written(source: str, tools: list[dict[str, Any]], calls: list[dict[str, Any]
         return render(source, messages, bos_token=bos_token, eos_token=eos_token,
                       add_generation_prompt=generation, variables={"tools": tools})
 
+    syntax = learn(source, bos_token=bos_token, eos_token=eos_token)
+    if syntax is not None and syntax.string_arguments:
+        calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                 for c in calls]
     added, kept = turn_calls(rendered, calls, empty_block(source, bos_token, eos_token))
-    return (content if kept and content else "") + added
+    if syntax is None or not syntax.prompted:
+        return (content if kept and content else "") + added
+    # (the generation prompt wrote the start of the calls' opening: the reply begins after it)
+    text = syntax.content_lead + content + added if kept and content else added
+    return text[len(syntax.prompted):] if text.startswith(syntax.prompted) else text
 
 
 def needs(messages: Sequence[Mapping[str, Any]]) -> bool:

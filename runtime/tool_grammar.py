@@ -73,9 +73,9 @@ def _calls(rules: dict[str, str], syntax: ToolSyntax, bodies: list[str], suffix:
            parallel: bool) -> str:
     """The calls of one form of `syntax`, their opening and closing markers around them (the
     white space before the opening one as the reply likes: gpt-oss' " to=" after its header)."""
-    opening = syntax.section_open + syntax.call_open
+    opening = (syntax.section_open + syntax.call_open)[len(syntax.prompted):]  # (after the prompt's part)
     lead = opening[:len(opening) - len(opening.lstrip())]
-    first = (f"{literal(lead)}? " if lead else "") + literal(opening.lstrip())
+    first = _seq(f"{literal(lead)}?" if lead else "", literal(opening.lstrip()))
     last = literal((syntax.call_close + syntax.section_close).rstrip())
     between = literal(syntax.call_close + syntax.call_sep + syntax.call_open)
     numbered = any(INDEX in text for text in (syntax.name_close, *(str(v) for _, v in syntax.extras)))
@@ -83,7 +83,7 @@ def _calls(rules: dict[str, str], syntax: ToolSyntax, bodies: list[str], suffix:
     if not numbered:
         rules[f"call{suffix}"] = " | ".join(bodies)
         more = f" ({between} call{suffix}){{0,{MAX_CALLS - 1}}}" if many else ""
-        return f"{first} call{suffix}{more} {last}"
+        return _seq(first, f"call{suffix}{more}", last)
     for n in range(MAX_CALLS if many else 1):  # (each call's number written out)
         rules[f"call{suffix}-n{n}"] = " | ".join(f"{b}-n{n}" for b in bodies)
         for b in bodies:
@@ -91,7 +91,7 @@ def _calls(rules: dict[str, str], syntax: ToolSyntax, bodies: list[str], suffix:
     calls = ""
     for n in range(MAX_CALLS - 1 if many else 0, 0, -1):
         calls = f" ({between} call{suffix}-n{n}{calls})?"
-    return f"{first} call{suffix}-n0{calls} {last}"
+    return _seq(first, f"call{suffix}-n0{calls}", last)
 
 
 def calls_params(params: Any, syntax: ToolSyntax, request: Any, model: Any = None) -> Any:
@@ -114,7 +114,7 @@ def calls_params(params: Any, syntax: ToolSyntax, request: Any, model: Any = Non
         raise FieldError("tool_choice", f"tool_choice {request.name or request.choice!r} holds the reply to "
                          "tool calls: it cannot go with a grammar or a JSON schema")
     grammar = calls_grammar(syntax, request.tools, name=request.name, parallel=request.parallel)
-    triggers = (trigger_pattern(syntax),) if request.choice == "auto" else ()
+    triggers = (trigger_pattern(syntax, request.tools),) if request.choice == "auto" else ()
     return replace(params, grammar=grammar, _grammar_triggers=triggers,
                    _shown_tokens=params._shown_tokens | shown)
 
@@ -145,10 +145,18 @@ def marker_tokens(syntax: ToolSyntax, model: Any) -> frozenset[int]:
     return frozenset(t for t in tokens if model.is_control(t))
 
 
-def trigger_pattern(syntax: ToolSyntax) -> str:
+def trigger_pattern(syntax: ToolSyntax, tools: Sequence[Mapping[str, Any]] = ()) -> str:
     """For `tool_choice: auto`: the pattern (llama.cpp's lazy grammar: over the text so far, its
     group where the grammar starts) of the calls' opening as the grammar writes it, in any of
-    the syntax's forms, so that the text it feeds the grammar is always one the grammar takes."""
+    the syntax's forms, so that the text it feeds the grammar is always one the grammar takes.
+    Where the prompt wrote the start of the opening, a reply may call at once: from its start,
+    or after that start written again, the rest of the opening and one of the `tools`' names."""
+    if syntax.prompted:
+        opening = syntax.section_open + syntax.call_open
+        names = "|".join(re.escape(t.get("function", t)["name"]) for t in tools)
+        called = r"\{" if syntax.json_keys is not None else f"(?:{names}){re.escape(syntax.name_close)}"
+        rest = re.escape(opening[len(syntax.prompted):])
+        return r"(?:[\s\S]*?" + re.escape(syntax.prompted) + ")?(" + rest + called + r"[\s\S]*)"
     return r"[\s\S]*?((?:" + "|".join(_opening(form) for form in syntax.forms) + r")[\s\S]*)"
 
 

@@ -103,9 +103,16 @@ def _choice(value: Any, tools: tuple[dict[str, Any], ...]) -> tuple[str, str | N
     return "function", fn["name"]
 
 
-def assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+def template_calls(messages: list[Any], *, strings: bool = False) -> list[Any]:
+    """`messages` with each assistant turn's calls as chat templates read them (`assistant_calls`)."""
+    return [{**m, "tool_calls": assistant_calls(dict(m), f"messages[{i}]", strings=strings)}
+            if m.get("tool_calls") else m for i, m in enumerate(messages)]
+
+
+def assistant_calls(message: dict[str, Any], where: str, *, strings: bool = False) -> list[dict[str, Any]]:
     """An earlier assistant turn's calls, with their arguments as objects (most templates walk
-    them; OpenAI sends a JSON string; one that is not JSON stays a string)."""
+    them; OpenAI sends a JSON string; one that is not JSON stays a string), or, `strings`, as
+    JSON text (for a template that writes the text it is given: functionary v3.2)."""
     calls = message.get("tool_calls")
     if not isinstance(calls, list) or not calls:
         raise FieldError(f"{where}.tool_calls", f"{where}.tool_calls must be a non-empty array")
@@ -119,6 +126,8 @@ def assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]
         if isinstance(arguments, str):
             with contextlib.suppress(ValueError):
                 arguments = json.loads(arguments) if arguments.strip() else {}
+        if strings and not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
         call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{j}"
         function = {"name": fn["name"], "arguments": arguments}
         out.append({"id": call_id, "type": "function", "function": function})

@@ -54,6 +54,7 @@ class ToolCallStream:
         self.calls: list[ToolCall] = []
         self._sent: list[int] = []  # of each call: how much of its arguments was given out
         self._base = 0  # the number of calls before the section being read
+        self.opened = syntax.prompted  # the prompt wrote the start of the opening ("": the reply began)
 
     def feed(self, text: str) -> list[Event]:
         return self._advance(text, final=False)
@@ -65,12 +66,30 @@ class ToolCallStream:
         events: list[Event] = []
         if self.buffer is None:
             self.pending += text
-            self._scan(events, final)
+            if self.opened and not self._begin(final):
+                return events
+            if self.buffer is None:
+                self._scan(events, final)
         else:
             self.buffer += text
         if self.buffer is not None:
             self._read(events, final)
         return events
+
+    def _begin(self, final: bool) -> bool:
+        """Where the prompt wrote the start of the calls' opening: whether the reply's start is
+        known yet. A reply of text begins with the template's content lead (functionary's
+        "all\\n", not content); any other is read as calls, from the rest of the opening on."""
+        lead = self.syntax.content_lead
+        if lead and len(self.pending) < len(lead) and lead.startswith(self.pending) and not final:
+            return False
+        if lead and self.pending.startswith(lead):
+            self.pending = self.pending[len(lead):]
+        else:
+            self.buffer, self.pending = self.pending, ""
+            self.reader = CallReader(self.syntax, self.strings, opened=self.opened)
+        self.opened = ""
+        return True
 
     def _scan(self, events: list[Event], final: bool) -> None:
         """Content up to the trigger (or to where the text may begin it)."""

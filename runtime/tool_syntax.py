@@ -22,17 +22,18 @@ writes built-in tools' calls in a form of their own, that form is the syntax's `
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from infer.runtime.template import render
+from infer.runtime.tool_turn import clean, empty_block, prompted_lead, turn_calls
 
-_USER, _TEXT = "Q7f3", "A4m8"  # placeholders no template renders by itself
 NAMES = ("fnAlpha", "fnBeta")
 ARGS: tuple[dict[str, Any], ...] = ({"pA": "vAlpha"}, {"pB": "vBeta", "pC": 7})
 IDS = ("Ab3dE6gH9", "Jk2mN5pQ8")  # alphanumeric, 9 characters (Mistral's templates insist)
@@ -81,6 +82,9 @@ class ToolSyntax:
     parallel: bool = True
     content_first: bool = field(default=True, compare=False)  # the template keeps text before calls
     alternate: ToolSyntax | None = None  # the same calls as a model may also write them (harmony, built-in)
+    string_arguments: bool = False  # the template writes an earlier call's arguments as the JSON string given
+    prompted: str = ""  # the start of the calls' opening the generation prompt writes (functionary v3.2)
+    content_lead: str = ""  # what a reply writes after `prompted` before its text (functionary's "all\n")
 
     @property
     def forms(self) -> tuple[ToolSyntax, ...]:
@@ -117,99 +121,34 @@ def learn(source: str, *, bos_token: str = "", eos_token: str = "",
             return ""
 
     empty = empty_block(source, bos_token, eos_token)
+    strings = False  # (the arguments as objects; where those render no call, as JSON strings)
 
     def calls_text(*which: int) -> tuple[str, bool]:
-        args = [{k: str(v) for k, v in ARGS[i].items()} if builtin else ARGS[i] for i in which]
+        args = [{k: str(v) for k, v in ARGS[i].items()} if builtin else json.dumps(ARGS[i]) if strings
+                else ARGS[i] for i in which]
         text, kept = turn_calls(rendered, [_call(i, n, args[n]) for n, i in enumerate(which)], empty)
         for n in range(len(which)):
             text = text.replace(IDS[n], ID)
         return text, kept
 
     one, kept = calls_text(0)
+    if NAMES[0] not in one and not builtin:
+        strings = True  # (functionary v3.2 adds the arguments to its text as they come)
+        one, kept = calls_text(0)
     if NAMES[0] not in one:
         return None  # (below, solo: a call with two arguments, alone)
     two, solo = calls_text(0, 1)[0], calls_text(1)[0]
     syntax = _learn_calls(one, two if NAMES[1] in two else "", solo if NAMES[1] in solo else "")
     from infer.runtime.tool_harmony import harmony_order  # (the header's other order, where it has one)
 
-    syntax = harmony_order(ToolSyntax(**{**syntax.__dict__, "content_first": kept})) if syntax else None
+    if syntax is not None:
+        prompted, lead = prompted_lead(rendered, syntax.section_open + syntax.call_open)
+        syntax = harmony_order(dataclasses.replace(syntax, content_first=kept, string_arguments=strings,
+                                                   prompted=prompted, content_lead=lead))
     if syntax is None or builtin or "builtin_tools" not in source or syntax.alternate is not None:
         return syntax  # (else the form of its built-in tools is the alternate)
     other = learn(source, bos_token=bos_token, eos_token=eos_token, builtin=True)
     return ToolSyntax(**{**syntax.__dict__, "alternate": other}) if other not in (None, syntax) else syntax
-
-
-def turn_calls(rendered: Callable[..., str], calls: list[dict[str, Any]],
-                empty: re.Pattern[str] | None) -> tuple[str, bool]:
-    """The text `calls` add to an assistant turn (after a placeholder text), and whether the
-    template keeps the turn's text with them. Where a turn with text shows no call
-    (Gemma 4 writes calls only in a turn without text), a turn without text."""
-    user = {"role": "user", "content": _USER}
-    base, prompt = rendered([user, {"role": "assistant", "content": _TEXT}]), rendered([user], True)
-    name = calls[0]["function"]["name"] if calls else ""
-    added, kept = "", False
-    for text in (_TEXT, ""):
-        added, kept = _added(rendered([user, {"role": "assistant", "content": text, "tool_calls": calls}]),
-                             base, prompt)
-        if name in added:
-            break
-    lead = empty.match(added) if empty is not None else None
-    return (added[lead.end():] if lead else added), kept
-
-
-def empty_block(source: str, bos_token: str, eos_token: str) -> re.Pattern[str] | None:
-    """An empty reasoning block the template writes before a reply's calls (Command R7B's
-    ``<|START_THINKING|><|END_THINKING|>``): not part of the calls."""
-    from infer.runtime.reasoning import detect
-
-    fmt = detect(source, bos_token=bos_token, eos_token=eos_token)
-    if fmt is None or not fmt.open:
-        return None
-    return re.compile(r"\s*" + re.escape(fmt.open) + r"\s*" + re.escape(fmt.close) + r"\s*")
-
-
-def _clean(text: str, at: int) -> bool:
-    """Whether `at` falls between two markers or lines rather than inside one."""
-    return at <= 0 or at >= len(text) or text[at - 1] in ">]\n" or text[at] in "<[\n"
-
-
-def _added(text: str, base: str, prompt: str) -> tuple[str, bool]:
-    """What an assistant turn's calls add to it (`text`), and whether its text is kept before
-    them: after the turn's text where it is kept, else after the generation prompt or what the
-    turn without calls has before its text; without the turn's end."""
-    if not text or _TEXT not in base:
-        return "", False
-    end = base[base.index(_TEXT) + len(_TEXT):]
-    if _TEXT in text:
-        added, kept = text[text.index(_TEXT) + len(_TEXT):], True
-    else:  # (the text is dropped: after what the turn has in common with one without calls)
-        start = text.find(_USER) + len(_USER) if _USER in text else 0
-        header = start + len(os.path.commonprefix([text[start:], base[base.find(_USER) + len(_USER):]]))  # noqa: RUF071
-        while not _clean(text, header):
-            header -= 1
-        added, kept = text[header:], False
-    cut = len(added) - len(os.path.commonprefix([added[::-1], end[::-1]]))  # noqa: RUF071 (the turn's end)
-    while not _clean(added, cut):
-        cut += 1
-    added = added[:cut]
-    tail = prompt[prompt.index(_USER) + len(_USER):] if _USER in prompt else ""
-    if tail.strip() and tail.strip() in added:  # calls in a turn of their own: after its header
-        return added[added.rindex(tail.strip()) + len(tail.strip()):], False  # (gpt-oss)
-    if end.strip() and end.strip() in added:  # (Nemotron: a header of its own)
-        turn = added[added.index(end.strip()) + len(end.strip()):].lstrip()
-        return _after_header(turn, end.strip(), tail), False
-    return added, kept
-
-
-def _after_header(turn: str, end: str, prompt: str) -> str:
-    """A turn's text after the header the generation prompt writes for it."""
-    header = prompt[prompt.index(end) + len(end):].lstrip() if end in prompt else prompt.lstrip()
-    if header and turn.startswith(header):
-        return turn[len(header):]
-    at = len(os.path.commonprefix([turn, header]))  # noqa: RUF071 (text, not paths)
-    while not _clean(turn, at):
-        at -= 1
-    return turn[at:]
 
 
 def _json_at(text: str, start: int) -> tuple[Any, int] | None:
@@ -291,8 +230,8 @@ def _split(junction: str, before: str, after: str) -> tuple[str, str, str]:
     for n in range(len(_suffix_in(junction, before)), -1, -1):
         start = junction[len(junction) - n:]
         end = _prefix_in(junction[:len(junction) - n], after)
-        clean = _clean(junction, len(end)) + _clean(junction, len(junction) - n)
-        ways.append((clean, n, end, start))
+        cuts = clean(junction, len(end)) + clean(junction, len(junction) - n)
+        ways.append((cuts, n, end, start))
     _, _, end, start = max(ways)
     return end, junction[len(end):len(junction) - len(start)], start
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
 from tiny_model import fixtures_dir
 
 from infer.runtime.tool_generic import written
+from infer.runtime.tool_grammar import trigger_pattern
 from infer.runtime.tool_stream import ArgumentsPiece, CallStarted, ToolCallStream
 from infer.runtime.tool_syntax import learn
 
@@ -33,7 +35,7 @@ WITH_CALLS = (
     "openai-gpt-oss-120b", "Qwen3.5-4B", "NVIDIA-Nemotron-Nano-v2", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
     "tencent-Hy3", "ibm-granite-granite-4.0", "meta-llama-Llama-3.1-8B-Instruct", "upstage-Solar-Open-100B",
     "meetkai-functionary-medium-v3.1", "GLM-4.6", "Cohere2MoE", "Apertus-8B-Instruct", "unsloth-Apriel-1.5",
-    "MiniMax-M1",
+    "MiniMax-M1", "meetkai-functionary-medium-v3.2",
 )
 WITHOUT_CALLS = ("google-gemma-2-2b-it", "microsoft-Phi-3.5-mini-instruct", "LFM2.5-Instruct")
 
@@ -188,3 +190,23 @@ def test_gpt_oss_calls_in_harmony_order_after_its_analysis():
     final = split.feed("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant"
                        "<|channel|>final<|message|>Hi!")
     assert (split.reasoning, final[1] + split.finish()[1]) == ("Easy.", "Hi!")
+
+
+def test_functionary_v32_replies_begin_after_the_prompts_opening():
+    """functionary v3.2's generation prompt ends with ">>>", which begins each call: a reply is
+    "all\\n" and its text (the lead is not content), or a call's name at once, and text may go
+    on to calls; its template adds an earlier call's arguments to its text as the JSON string
+    they are. The `auto` trigger fires at a name at the reply's start or after ">>>", not at a
+    name in text."""
+    syntax = learn(_template("meetkai-functionary-medium-v3.2"), bos_token="<s>", eos_token="</s>")
+    assert (syntax.prompted, syntax.content_lead, syntax.string_arguments) == (">>>", "all\n", True)
+    weather = 'get_weather\n{"city": "Paris, France", "days": 3}'
+    cases = {"all\nIt is sunny.": ("It is sunny.", []), "It is sunny.": ("It is sunny.", []),
+             weather: ("", CALLS[:1]), "all\nLet me look.>>>" + weather: ("Let me look.", CALLS[:1])}
+    for text, (content, calls) in cases.items():
+        for pieces in _cuts(text, random.Random(text)):
+            got = _read(syntax, pieces)
+            assert (got[0].strip(), got[1]) == (content, calls), pieces
+    pattern = re.compile(trigger_pattern(syntax, TOOLS))
+    assert [pattern.fullmatch(t).start(1) for t in ("get_weather\n{", "all\nHi>>>search\n{")] == [0, 9]
+    assert pattern.fullmatch("all\nHi, get_weather\n{") is None and pattern.fullmatch("all\n") is None

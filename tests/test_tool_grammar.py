@@ -45,6 +45,7 @@ SHAPES = (
     "deepseek-ai-DeepSeek-V3.2",  # DSML, string="true|false"
     "google-gemma-4-31B-it",  # call:NAME{key:<|"|>value<|"|>}
     "LFM2.5-8B-A1B",  # [NAME(key='value')]
+    "meetkai-functionary-medium-v3.2",  # >>>NAME\n{...}, the prompt ending in ">>>"
 )
 
 

@@ -15,6 +15,8 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from infer.runtime.chat_messages import chat_messages
 from infer.runtime.template import render
+from infer.runtime.tool_request import template_calls
+from infer.runtime.tool_syntax import learn
 
 ARGS = {"city": "Paris", "days": 2}
 SENT = [  # (what OpenAI's client sends: arguments as a JSON string, the result by its call's id)
@@ -29,12 +31,13 @@ SENT = [  # (what OpenAI's client sends: arguments as a JSON string, the result 
 ]
 
 
-def _direct() -> list[dict]:
-    """The history as templates read it: the call's arguments an object, the result named, the
-    text of the turn with the call empty (most templates cannot take None there)."""
+def _direct(strings: bool) -> list[dict]:
+    """The history as templates read it: the call's arguments an object (`strings`: the JSON
+    text, for a template that adds it to its text), the result named, the text of the turn with
+    the call empty (most templates cannot take None there)."""
     messages = copy.deepcopy(SENT)
     messages[2]["content"] = ""
-    messages[2]["tool_calls"][0]["function"]["arguments"] = ARGS
+    messages[2]["tool_calls"][0]["function"]["arguments"] = json.dumps(ARGS) if strings else ARGS
     messages[3]["name"] = "get_weather"
     return messages
 
@@ -49,11 +52,12 @@ DIRECTLY = [name for name in WITH_CALLS if name not in ("Kimi-K2-Thinking", "lla
 def test_a_history_with_calls_renders_as_the_template_run_directly(name: str) -> None:
     source = _template(name)
     tokens = {"bos_token": "<s>", "eos_token": "</s>"}
+    strings = learn(source, **tokens).string_arguments
     try:
-        expected = render_jinja_template([_direct()], tools=TOOLS, chat_template=source,
+        expected = render_jinja_template([_direct(strings)], tools=TOOLS, chat_template=source,
                                          add_generation_prompt=True, **tokens)[0][0]
     except Exception as e:  # (a template transformers' renderer cannot run)
         pytest.fail(f"transformers cannot render {name}: {e}")
-    ours = render(source, chat_messages(SENT), add_generation_prompt=True, variables={"tools": TOOLS},
-                  **tokens)
+    messages = template_calls(chat_messages(SENT), strings=strings)  # (as infer's prompt has them)
+    ours = render(source, messages, add_generation_prompt=True, variables={"tools": TOOLS}, **tokens)
     assert ours == expected
