@@ -49,8 +49,9 @@ class Engine:
     def __init__(self, model: Model, params: ContextParams, *, parallel: int,
                  speculation: SpecParams | None = None, max_waiting: int | None = None,
                  prompt_cache: PromptCache | None = None, cache_name: str = "") -> None:
-        # Each slot has a KV stream of its own (faster batched decoding), kept between requests.
-        self.context = Context(model, replace(params, n_seq_max=parallel, kv_unified=False))
+        # The KV cache is one pool of cells for all slots (runtime/preemption.py): a request may
+        # use the whole context, and what the slots keep between requests stays until needed.
+        self.context = Context(model, replace(params, n_seq_max=parallel, kv_unified=True))
         try:
             self.scheduler = Scheduler(model, self.context, parallel=parallel, speculation=speculation,
                                        keep_cache=True, prompt_cache=prompt_cache, cache_name=cache_name)
@@ -98,6 +99,11 @@ class Engine:
     def kv_usage(self) -> float:
         """The share of the KV cache's cells that hold tokens (running requests and kept caches)."""
         return self.scheduler.cells_used / max(self.context.n_ctx, 1)
+
+    @property
+    def preemptions(self) -> int:
+        """Requests suspended so far because the running ones needed their cells."""
+        return self.scheduler.room.preemptions
 
     def fit_error(self, n_tokens: int, max_tokens: int | None) -> str | None:
         return self.scheduler.fit_error(n_tokens, max_tokens)
@@ -189,8 +195,9 @@ class Engine:
                 return
 
     def _admit(self) -> None:
-        """Move waiting requests into free slots, in order (a request whose prompt another is
-        prefilling waits for it, and lets those behind it go first)."""
+        """Move waiting requests into free slots, in order, while the cells of their prompts
+        are free (a request whose prompt another is prefilling waits for it, and lets those
+        behind it go first)."""
         skipped: list[Job] = []
         while self._waiting and self.scheduler.free_slots:
             job = self._waiting.popleft()
@@ -202,6 +209,9 @@ class Engine:
             if self.scheduler.waits_for_prefill(request.tokens):
                 skipped.append(job)
                 continue
+            if not self.scheduler.admits(request.tokens):
+                self._waiting.appendleft(job)
+                break
             with self._lock:
                 self._pending -= 1
                 self._admitted += 1

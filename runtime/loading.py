@@ -40,10 +40,12 @@ def default_parallel(n_params: int, n_ctx: int | None) -> int:
 @dataclass(frozen=True)
 class Slots:
     """Batched work: `parallel` sequences decoded together (None: from the model's size and
-    -c), plus `extra` KV streams of their own (infer batch's shared prefix)."""
+    -c), plus `extra` KV streams of their own (infer batch's shared prefix); `pooled`: their
+    KV cache is one pool (the server's: runtime/preemption.py)."""
 
     parallel: int | None = None
     extra: int = 0
+    pooled: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,9 @@ def plan_load(source: Any, cparams: ContextParams, *, slots: Slots | None = None
     """Where `source` goes with `cparams` (its alias's context unless cparams.n_ctx is set);
     with `slots`, a KV stream per sequence: without -c, SLOT_CONTEXT cells each (at most the
     training context); -c is the cells of all of them (-c 0: the training context's, as
-    llama-server's). ResourceError where it cannot fit; NetworkError for an --rpc worker
-    that cannot be reached."""
+    llama-server's). With pooled slots, -c's default is the model's context (as a single
+    context's: its training context, shrunk to what fits). ResourceError where it cannot
+    fit; NetworkError for an --rpc worker that cannot be reached."""
     if source.ctx_size and cparams.n_ctx is None:
         cparams = replace(cparams, n_ctx=source.ctx_size)
     if slots is None:
@@ -102,8 +105,10 @@ def plan_load(source: Any, cparams: ContextParams, *, slots: Slots | None = None
         cparams = replace(cparams, n_ctx=cparams.resolved_n_ctx(layout.n_ctx_train))
     parallel = slots.parallel or default_parallel(layout.n_params, cparams.n_ctx)
     streams = parallel + slots.extra
-    n_ctx = cparams.n_ctx or streams * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT)
-    return LoadPlan(source, place(source.layout, replace(cparams, n_ctx=n_ctx, n_seq_max=streams)), parallel)
+    n_ctx = cparams.n_ctx or (None if slots.pooled else
+                              streams * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT))
+    placed = place(source.layout, replace(cparams, n_ctx=n_ctx, n_seq_max=streams), whole=slots.pooled)
+    return LoadPlan(source, placed, parallel)
 
 
 def open_model(source: Any, cparams: ContextParams, *, slots: Slots | None = None) -> OpenedModel:

@@ -59,12 +59,13 @@ def host_free() -> int:
     return cpu[0].free if cpu else 0
 
 
-def place(read_layout: Callable[[], ModelLayout], cparams: ContextParams) -> Placed:
+def place(read_layout: Callable[[], ModelLayout], cparams: ContextParams, *, whole: bool = False) -> Placed:
     """Plan the load of the model whose layout `read_layout` gives with ``cparams``.
 
     Connects to the --rpc workers (NetworkError naming one that is unreachable). A
     context given with -c that does not fit raises ResourceError naming the largest that
-    does; the default context is shrunk instead.
+    does; the default context is shrunk instead. `whole`: the default context is the
+    model's training context (a server's pool), not capped.
     """
     from infer.runtime import ggml
     from infer.runtime.llama import flash_attention
@@ -76,6 +77,8 @@ def place(read_layout: Callable[[], ModelLayout], cparams: ContextParams) -> Pla
     except LayoutError as e:  # let llama.cpp load it (and say what is wrong with it)
         return Placed(cparams, offload, None, None, unplanned=e)
     n_ctx = cparams.resolved_n_ctx(layout.n_ctx_train)
+    if whole and cparams.n_ctx is None and layout.n_ctx_train:
+        n_ctx = layout.n_ctx_train
     local_gpu = cparams.n_gpu_layers != 0 and any(not d.remote for d in offload)
     flash = flash_attention(cparams, local_gpu) == "on"
     shape = ContextShape(n_ctx=n_ctx, n_ubatch=min(cparams.n_ubatch, cparams.n_batch),

@@ -42,20 +42,22 @@ from typing import Any
 from infer.runtime.errors import InferError
 from infer.runtime.generation import Generation
 from infer.runtime.llama import Batch, Context, Model
+from infer.runtime.preemption import Room
 from infer.runtime.prompt_cache import PromptCache
-from infer.runtime.request import Delta, Outcome, Request, token_logprob
-from infer.runtime.results import Timings
+from infer.runtime.request import Delta, Outcome, Request
 from infer.runtime.session import common_prefix_len, state_fingerprint
-from infer.runtime.slot import MIN_COPY, PREFIX_SEQ, Slot, SlotState, place
+from infer.runtime.slot import PREFIX_SEQ, Slot, SlotState, place, waits_for_prefill
 from infer.runtime.speculative import CostModel, SpecParams, Speculator
 
 
 class Scheduler:
     """Runs requests `parallel` at a time in `context` (which needs n_seq_max >= parallel + 1).
 
-    Each slot may use an equal share of the context's cells beyond the shared prefix
-    (with a unified KV cache), or its sequence's stream less the prefix (without);
-    a request whose prompt and token limit do not fit fails on its own.
+    With a unified KV cache the cells are one pool (runtime/preemption.py): a request may
+    use all of them beyond the shared prefix, up to the model's training context; it starts
+    when the cells of its prompt are free, and the latest one is suspended when the running
+    ones need more than there are. Without, each slot has its sequence's stream less the
+    prefix. A request whose prompt and token limit cannot fit fails on its own.
     """
 
     def __init__(self, model: Model, context: Context, *, parallel: int,
@@ -82,15 +84,18 @@ class Scheduler:
             if slot.spec is not None and self.slots[0].spec is not None:
                 slot.spec.acceptance = self.slots[0].spec.acceptance
         self.prefix = list(shared_prefix)
-        if context.kv_unified:  # the prefix's cells are shared; the rest is split evenly
-            self.slot_cells = (context.n_ctx - len(self.prefix)) // parallel
+        self._spare = 0  # cells a step has left for guesses and prefill
+        self.room = Room(context, self.slots)  # every change to the sequences' cells goes through it
+        self.pooled = context.kv_unified  # (the prefix's cells are shared by the slots' copies)
+        if self.pooled:
+            self.slot_cells = min(context.n_ctx, model.n_ctx_train or context.n_ctx) - len(self.prefix)
         else:  # each sequence's stream holds its own copy of the prefix
             self.slot_cells = context.n_ctx_seq - len(self.prefix)
         self.prefilled_tokens = 0  # every prompt token decoded, the shared prefix included
         # `on_logits(key, step, logits)` sees every logits vector a request samples from
         # (step 0 is the first generated token): for tests.
         self.on_logits: Callable[[Any, int, Any], None] | None = None
-        self.context.memory_clear()
+        self.room.clear()
         if self.prefix:
             self._prefill_prefix()
 
@@ -104,12 +109,14 @@ class Scheduler:
 
     @property
     def running(self) -> int:
+        """Requests in slots, suspended ones included."""
         return len(self.slots) - self.free_slots
 
     @property
     def cells_used(self) -> int:
-        """KV cells holding tokens: the running requests', the kept caches' and the prefix's."""
-        return len(self.prefix) + sum(slot.n_past if slot.request else len(slot.cache) for slot in self.slots)
+        """KV cells holding tokens: the running requests', the kept caches' and the prefix's
+        (a cell that sequences share counts once)."""
+        return self.room.pool.used
 
     def run(self, requests: Iterable[Request],
             on_logits: Callable[[Any, int, Any], None] | None = None) -> Iterator[Outcome]:
@@ -117,12 +124,17 @@ class Scheduler:
         self.on_logits = on_logits
         waiting = iter(requests)
         exhausted = False
+        held: Request | None = None  # the next request, waiting for cells
         try:
             while True:
                 while self.free_slots and not exhausted:
-                    request = next(waiting, None)
+                    request = held or next(waiting, None)
+                    held = None
                     if request is None:
                         exhausted = True
+                    elif not self.admits(request.tokens):
+                        held = request
+                        break
                     else:
                         error = self.add(request)
                         if error is not None:
@@ -138,25 +150,30 @@ class Scheduler:
         for slot in self.slots:
             if slot.request is not None:
                 slot.gen.close()
-                slot.request = None
+                slot.request, slot.saved = None, None
                 slot.cache = []
-                self.context.memory_seq_rm(slot.seq_id, 0, -1)
+                self.room.rm(slot.seq_id)
 
     def waits_for_prefill(self, tokens: Sequence[int]) -> bool:
-        """Whether a request for `tokens` had better wait: a running slot is prefilling a
-        longer prefix of them than any sequence holds now (the choices of one prompt)."""
-        if not self.keep_cache:
-            return False
-        held = max((common_prefix_len(s.decoded(), tokens) for s in self.slots), default=0)
-        return any(s.prefilling and s.request is not None
-                   and common_prefix_len(s.request.tokens, tokens) >= held + MIN_COPY for s in self.slots)
+        """Whether a request for `tokens` had better wait (slot.waits_for_prefill)."""
+        return self.keep_cache and waits_for_prefill(self.slots, tokens)
+
+    def admits(self, tokens: Sequence[int]) -> bool:
+        """Whether a request for `tokens` may start now (in a pool: the cells of its uncached
+        prompt are free, or may be freed by evicting idle caches)."""
+        if not self.pooled:
+            return True
+        shared = self._place(tokens)[2]
+        return self.room.admits(len(tokens) - min(shared, len(tokens) - 1))
 
     def step(self) -> list[Outcome]:
         """One decode for every running request: the outcomes of those that ended (cancelled
         ones included, with finish reason "cancelled")."""
         ended = [self._finish(s, "cancelled") for s in self.slots
                  if s.request is not None and s.request.cancelled]
-        active = [s for s in self.slots if s.request is not None]
+        if self.pooled:
+            self.room.make_room()
+        active = [s for s in self.slots if s.request is not None and not s.suspended]
         if not active:
             return ended
         self._step(active)
@@ -174,17 +191,21 @@ class Scheduler:
             for i, token in enumerate(self.prefix[start:start + n_batch]):
                 self.batch.add(token, start + i, PREFIX_SEQ, False)
             self.context.decode(self.batch)
+            self.room.pool.grow(PREFIX_SEQ, len(self.batch))
         self.prefilled_tokens += len(self.prefix)
 
     def fit_error(self, n_tokens: int, max_tokens: int | None) -> str | None:
         """Why a prompt of `n_tokens` (beyond the shared prefix) with this token limit cannot
         run here; None if it can."""
         room = self.slot_cells - n_tokens
-        if room < 1 or (max_tokens is not None and max_tokens > room):
-            return (f"the prompt needs {n_tokens + (max_tokens or 1)} tokens of context with its token "
-                    f"limit but each of the {len(self.slots)} parallel slots has {self.slot_cells} "
-                    "(raise -c or lower --parallel)")
-        return None
+        if room >= 1 and (max_tokens is None or max_tokens <= room):
+            return None
+        needs = f"the prompt needs {n_tokens + (max_tokens or 1)} tokens of context with its token limit"
+        if self.pooled:
+            whole = "the context" if self.slot_cells == self.context.n_ctx else "the model's training context"
+            return f"{needs} but {whole} holds {self.slot_cells}"
+        return (f"{needs} but each of the {len(self.slots)} parallel slots has {self.slot_cells} "
+                "(raise -c or lower --parallel)")
 
     def add(self, request: Request) -> Outcome | None:
         """Start `request` in a free slot (there must be one); an Outcome with an error if it
@@ -209,16 +230,18 @@ class Scheduler:
         except InferError as e:
             return Outcome(request.key, error=str(e), request=request)
         if donor is None:  # its own cells: keep the shared part, drop the rest
-            self.context.memory_seq_rm(slot.seq_id, shared, -1)
-        elif self.context.kv_unified:
-            self.context.memory_seq_rm(slot.seq_id, 0, -1)
-            self.context.memory_seq_cp(donor, slot.seq_id, 0, shared)
-        else:  # across streams llama.cpp copies whole sequences only
-            self.context.memory_seq_cp(donor, slot.seq_id, 0, -1)
-            self.context.memory_seq_rm(slot.seq_id, shared, -1)
+            self.room.rm(slot.seq_id, shared)
+        else:
+            self.room.rm(slot.seq_id)
+            self.room.cp(donor, slot.seq_id, shared)
+            self.room.rm(slot.seq_id, shared)  # (across streams the whole sequence was copied)
         slot.cache = []
-        slot.start(request, gen, shared)
+        slot.start(request, gen, shared, self.room.admission())
         return None
+
+    def load_state(self, seq: int, data: bytes, n: int) -> bool:
+        """Sequence `seq` holds a saved state of `n` positions (the prompt cache's)."""
+        return self.room.load(seq, data, n)
 
     def _place(self, tokens: Sequence[int]) -> tuple[Slot, int | None, int]:
         return place(self.slots, tokens, self.prefix, keep_cache=self.keep_cache)
@@ -247,7 +270,10 @@ class Scheduler:
         chunks as room allows."""
         batch = self.batch
         batch.clear()
-        generating = [slot for slot in active if slot.next_token is not None]
+        generating = [slot for slot in active if slot.generating]
+        # (in a pool: the cells left for guesses and prefill once each generating slot has its own)
+        self._spare = self.room.pool.free - sum(1 + len(s.forced) for s in generating) if self.pooled \
+            else batch.capacity
         for slot in active:
             slot.logits_index = None
         for i, slot in enumerate(generating):
@@ -259,31 +285,35 @@ class Scheduler:
                 slot.n_past += 1
             slot.guesses = [] if forced else self._guesses(slot, len(generating) - i - 1, len(generating))
             slot.next_token = None
+            self._spare -= len(slot.guesses)
             for guess in slot.guesses:
                 batch.add(guess, slot.n_past, slot.seq_id, True)
                 slot.n_past += 1
         wide = len(batch)  # tokens of generating slots; the step is timed if nothing else joins
         saving = []
         for slot in active:
-            room = batch.capacity - len(batch)
-            if not slot.prefilling or room == 0:
+            room = min(batch.capacity - len(batch), self._spare)
+            if not slot.prefilling or room <= 0:
                 continue
             assert slot.request is not None
-            tokens = slot.request.tokens
-            checkpoint = self._checkpoint(slot)
+            tokens, sampled = slot.source(), slot.next_token is not None  # (sampled: decoded again)
+            checkpoint = 0 if sampled else self._checkpoint(slot)
             # A chunk ends at the checkpoint, so that the sequence then holds just that prefix.
-            end = min(slot.n_past + room, checkpoint if slot.n_past < checkpoint else len(tokens))
+            end = min(slot.n_past + room, checkpoint if slot.n_past < checkpoint else slot.target)
             for pos in range(slot.n_past, end):
-                index = batch.add(tokens[pos], pos, slot.seq_id, pos == len(tokens) - 1)
+                index = batch.add(tokens[pos], pos, slot.seq_id, pos == slot.target - 1 and not sampled)
             self.prefilled_tokens += end - slot.n_past
+            self._spare -= end - slot.n_past
             slot.n_past = end
-            if end == len(tokens):
+            if end == slot.target and not sampled:
                 slot.logits_index = index
             if end == checkpoint:
                 saving.append(slot)
         t0 = time.perf_counter()
         self.context.decode(batch)
         now = time.perf_counter()
+        for slot in active:
+            self.room.grew(slot)
         for slot in saving:  # (the state is copied now and written by a thread of the cache's)
             assert self.prompt_cache is not None
             self.prompt_cache.store(SlotState(self, slot), self.cache_name, wait=False)
@@ -309,7 +339,7 @@ class Scheduler:
         if gen.spec is None:
             return []
         assert slot.next_token is not None
-        room = min(gen.limit - len(gen.generated), self.batch.capacity - len(self.batch) - after)
+        room = min(gen.limit - len(gen.generated), self.batch.capacity - len(self.batch) - after, self._spare)
         base = len(self.batch) + after  # the step's tokens without this slot's guesses
 
         def cost_of(k: int) -> float:
@@ -336,8 +366,8 @@ class Scheduler:
             slot.t_first = time.perf_counter()
         if step.rejected:  # the cache keeps the pending token and the right guesses
             slot.n_past -= step.rejected
-            self.context.memory_seq_rm(slot.seq_id, slot.n_past, -1)
-        self._tell(slot, base, taken_before, step.text)
+            self.room.rm(slot.seq_id, slot.n_past)
+        slot.tell(self.context, base, taken_before, step.text)
         finish = step.finish
         if finish is None and gen.thinking_due():
             assert step.next_token is not None
@@ -346,20 +376,6 @@ class Scheduler:
             slot.next_token = step.next_token
         return None if finish is None else self._finish(slot, finish)
 
-    def _tell(self, slot: Slot, base: int, taken_before: int, text: str) -> None:
-        """Hand the request what this step added (tokens taken from output `base` on)."""
-        request = slot.request
-        assert request is not None
-        if request.on_delta is None:
-            return
-        tokens = slot.gen.generated[taken_before:]
-        logprobs = []
-        if request.logprobs is not None:
-            logprobs = [token_logprob(self.context.logits(base + i), token, request.logprobs)
-                        for i, token in enumerate(tokens)]
-        if text or tokens:
-            request.on_delta(Delta(text, tokens, logprobs))
-
     def _finish(self, slot: Slot, finish: str) -> Outcome:
         request, gen = slot.request, slot.gen
         assert request is not None
@@ -367,18 +383,16 @@ class Scheduler:
         if rest and request.on_delta is not None:
             request.on_delta(Delta(rest, [], []))
         t_end = time.perf_counter()
-        timings = Timings(prefill_ms=(slot.t_prefilled - slot.t_start) * 1000,
-                          decode_ms=(t_end - slot.t_prefilled) * 1000,
-                          ttft_ms=(slot.t_first - slot.t_start) * 1000,
-                          prefill_tokens=len(request.tokens) - slot.cached)
-        completion = gen.completion(finish, len(request.tokens), slot.cached, timings)
+        completion = gen.completion(finish, len(request.tokens), slot.cached, slot.timings(t_end))
         gen.close()
+        if slot.suspended:  # (it holds no cells)
+            slot.saved, slot.n_past = None, 0
         if self.keep_cache:  # what its cells hold stays for the next request with this prefix
             kept = min(slot.n_past, len(request.tokens) + len(gen.generated))
             slot.cache = (request.tokens + gen.generated)[:kept]
-            self.context.memory_seq_rm(slot.seq_id, kept, -1)
+            self.room.rm(slot.seq_id, kept)
         else:
-            self.context.memory_seq_rm(slot.seq_id, 0, -1)
+            self.room.rm(slot.seq_id)
         slot.request = None
         slot.used = t_end
         return Outcome(request.key, completion, request=request)

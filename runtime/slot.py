@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from infer.runtime.generation import Generation
-from infer.runtime.request import Delta, Request, TokenLogprob
+from infer.runtime.request import Delta, Request, TokenLogprob, token_logprob
+from infer.runtime.results import Timings
 from infer.runtime.session import common_prefix_len
 from infer.runtime.speculative import Speculator
 
@@ -25,10 +26,13 @@ class Slot:
         self.spec = spec  # kept from request to request: what it learned carries over
         self.cache: list[int] = []  # while free: the tokens its KV cells hold (keep_cache)
         self.used = 0.0  # when its last request ended, to reuse the oldest cache first
+        self.admitted = 0  # the order its request was admitted in (the pool preempts the latest)
+        self.saved: bytes | None = None  # while suspended: its sequence's state (None: running)
 
-    def start(self, request: Request, gen: Generation, cached: int) -> None:
-        self.request, self.gen = request, gen
+    def start(self, request: Request, gen: Generation, cached: int, admitted: int = 0) -> None:
+        self.request, self.gen, self.admitted = request, gen, admitted
         self.n_past = cached  # positions of this sequence in the KV cache
+        self.target = len(request.tokens)  # what it decodes before it samples (more: recomputed)
         self.cached = cached
         self.next_token: int | None = None  # sampled, to be decoded in the next step
         self.logits_index: int | None = None  # where this slot's logits are in the batch just decoded
@@ -52,14 +56,51 @@ class Slot:
         self.next_token, self.forced = token, closer
         return ended
 
+    def tell(self, context: Any, base: int, taken_before: int, text: str) -> None:
+        """Hand the request what this step added (tokens taken from output `base` on)."""
+        request = self.request
+        assert request is not None
+        if request.on_delta is None:
+            return
+        tokens = self.gen.generated[taken_before:]
+        logprobs = []
+        if request.logprobs is not None:
+            logprobs = [token_logprob(context.logits(base + i), token, request.logprobs)
+                        for i, token in enumerate(tokens)]
+        if text or tokens:
+            request.on_delta(Delta(text, tokens, logprobs))
+
+    def timings(self, t_end: float) -> Timings:
+        assert self.request is not None
+        return Timings(prefill_ms=(self.t_prefilled - self.t_start) * 1000,
+                       decode_ms=(t_end - self.t_prefilled) * 1000,
+                       ttft_ms=(self.t_first - self.t_start) * 1000,
+                       prefill_tokens=len(self.request.tokens) - self.cached)
+
     @property
     def prefilling(self) -> bool:
-        return self.request is not None and self.n_past < len(self.request.tokens)
+        return self.request is not None and self.n_past < self.target
+
+    @property
+    def suspended(self) -> bool:
+        return self.saved is not None
+
+    @property
+    def generating(self) -> bool:
+        """It has a sampled token to decode (and is not recomputing what it had decoded)."""
+        return self.next_token is not None and not self.prefilling
+
+    def source(self) -> list[int]:
+        """What its sequence holds once decoded: the prompt, then the tokens generated."""
+        assert self.request is not None
+        return self.request.tokens + self.gen.generated if self.gen.generated else self.request.tokens
 
     def decoded(self) -> list[int]:
         """The tokens at positions [0, n) of its sequence in the KV cache."""
         if self.request is None:
             return self.cache
+        if self.suspended:  # (its cells were given up)
+            return []
         return (self.request.tokens + self.gen.generated)[:self.n_past]
 
 
@@ -78,12 +119,10 @@ class SlotState:
 
     def restore_state(self, tokens: list[int], data: bytes) -> bool:
         """Load a state into the (free) slot's sequence; False (and an empty slot) if it does not load."""
-        context, slot = self.scheduler.context, self.slot
+        slot = self.slot
         assert slot.request is None
-        context.memory_seq_rm(slot.seq_id, 0, -1)
         slot.cache = []
-        if not context.set_seq_state(data, slot.seq_id):
-            context.memory_seq_rm(slot.seq_id, 0, -1)
+        if not self.scheduler.load_state(slot.seq_id, data, len(tokens)):
             return False
         slot.cache = list(tokens)
         return True
@@ -114,3 +153,11 @@ def place(slots: list[Slot], tokens: Sequence[int], prefix: Sequence[int], *,
         return donor, None, best
     slot = min(spare, key=lambda s: (common_prefix_len(s.cache, tokens), s.used))
     return slot, donor.seq_id, best
+
+
+def waits_for_prefill(slots: list[Slot], tokens: Sequence[int]) -> bool:
+    """Whether a request for `tokens` had better wait: a running slot is prefilling a longer
+    prefix of them than any sequence holds now (the choices of one prompt)."""
+    held = max((common_prefix_len(s.decoded(), tokens) for s in slots), default=0)
+    return any(s.prefilling and s.request is not None
+               and common_prefix_len(s.request.tokens, tokens) >= held + MIN_COPY for s in slots)

@@ -46,7 +46,7 @@ class Api:
         return JSONResponse({"object": "list", "data": data})
 
     async def metrics_text(self, request: HttpRequest) -> Response:
-        gauges = {name: (s.engine.running, s.engine.waiting, s.engine.kv_usage)
+        gauges = {name: (s.engine.running, s.engine.waiting, s.engine.kv_usage, s.engine.preemptions)
                   for name, s in self.pool.loaded.items()}
         return PlainTextResponse(self.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 

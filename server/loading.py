@@ -28,6 +28,6 @@ def find_model(name: str) -> None:
 def open_for_serving(name: str, cparams: ContextParams, parallel: int | None) -> OpenedModel:
     """Load `name` with `parallel` slots (None: from the model's size) in the context `cparams`."""
     resolved = resolve_model(name, offline=True)
-    opened = open_model(resolved, cparams, slots=Slots(parallel))
+    opened = open_model(resolved, cparams, slots=Slots(parallel, pooled=True))
     resolved.record_use()  # (and again when it is unloaded: server/models.py)
     return opened

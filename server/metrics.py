@@ -72,8 +72,9 @@ class Metrics:
     def of(self, model: str) -> ModelMetrics:
         return self.models.setdefault(model, ModelMetrics())
 
-    def render(self, gauges: dict[str, tuple[int, int, float]]) -> str:
-        """The text format; `gauges`: model -> (running, waiting, KV cache use 0..1) of loaded ones."""
+    def render(self, gauges: dict[str, tuple[int, int, float, int]]) -> str:
+        """The text format; `gauges`: model -> (running, waiting, KV cache use 0..1, requests
+        preempted) of loaded ones."""
         names = sorted(set(self.models) | set(gauges))
         out: list[str] = []
 
@@ -96,11 +97,14 @@ class Metrics:
             return self.models.get(m, zero)
 
         family("infer:num_requests_running", "gauge", "Requests in the running batch.",
-               per_model("infer:num_requests_running", lambda m: gauges.get(m, (0, 0, 0.0))[0]))
+               per_model("infer:num_requests_running", lambda m: gauges.get(m, (0, 0, 0.0, 0))[0]))
         family("infer:num_requests_waiting", "gauge", "Requests waiting for a slot.",
-               per_model("infer:num_requests_waiting", lambda m: gauges.get(m, (0, 0, 0.0))[1]))
+               per_model("infer:num_requests_waiting", lambda m: gauges.get(m, (0, 0, 0.0, 0))[1]))
         family("infer:kv_cache_usage_perc", "gauge", "Share of KV cache cells holding tokens (0 to 1).",
-               per_model("infer:kv_cache_usage_perc", lambda m: round(gauges.get(m, (0, 0, 0.0))[2], 6)))
+               per_model("infer:kv_cache_usage_perc", lambda m: round(gauges.get(m, (0, 0, 0.0, 0))[2], 6)))
+        family("infer:num_preemptions_total", "counter",
+               "Requests suspended so that others had KV cells (they resume).",
+               per_model("infer:num_preemptions_total", lambda m: gauges.get(m, (0, 0, 0.0, 0))[3]))
         family("infer:prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
                per_model("infer:prompt_tokens_total", lambda m: counter(m).prompt_tokens))
         family("infer:cached_prompt_tokens_total", "counter", "Prompt tokens found in the KV cache.",

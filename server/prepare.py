@@ -75,13 +75,13 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
         raise invalid("prompt" if not gen.chat else "messages", "the prompt is empty")
     problem = served.engine.fit_error(len(tokens), params.max_tokens)
     if problem is not None:
-        limit = served.engine.slot_cells
+        limit, n_ctx = served.engine.slot_cells, served.engine.context.n_ctx
+        whole = f"the context of {n_ctx} tokens" if limit == n_ctx else \
+            f"the model's training context; the server's context has {n_ctx} tokens"
         raise invalid("messages" if gen.chat else "prompt",
                       f"this request needs {len(tokens) + (params.max_tokens or 1)} tokens of context "
                       f"({len(tokens)} in the prompt, {params.max_tokens or 1} to generate) but a "
-                      "request "
-                      f"may use {limit} (the context of {served.engine.context.n_ctx} tokens shared by "
-                      f"{served.engine.parallel} parallel slots)", code="context_length_exceeded")
+                      f"request may use {limit} ({whole})", code="context_length_exceeded")
     variables = thinking.variables if thinking is not None else {}
     return Prepared(tokens, params, _checkpoint(served, gen, tokens, config, variables), thinking, syntax)
 

@@ -1,0 +1,81 @@
+"""The KV cache as one pool (issue 34): cells counted as llama.cpp's unified cache holds them,
+requests admitted by the cells of their prompts, and requests that outgrow the pool suspended
+and resumed with the text they would have written alone."""
+
+from __future__ import annotations
+
+import pytest
+from test_scheduler import PROMPTS, solo, tokens_of
+
+from infer.runtime.kv_pool import CellPool
+from infer.runtime.llama import Context, Model
+from infer.runtime.params import ContextParams
+from infer.runtime.request import Request
+from infer.runtime.sampling import SamplingParams
+from infer.runtime.scheduler import Scheduler
+
+
+def test_cells_a_copy_shares_count_once_and_are_free_once_no_sequence_holds_them():
+    pool = CellPool(100)
+    pool.grow(1, 30)
+    pool.copy(1, 2, 20)  # (llama_memory_seq_cp: the first 20 cells now belong to both)
+    pool.grow(2, 5)
+    assert (pool.used, pool.free, pool.own(1), pool.own(2), pool.held(2)) == (35, 65, 10, 5, 25)
+    pool.cut(1)
+    assert (pool.used, pool.own(2)) == (25, 25)  # what 2 shares stays
+    pool.cut(2, 10)
+    assert (pool.used, pool.held(2)) == (10, 10)
+    pool.cut(2)
+    assert pool.used == 0
+
+
+def _run_pooled(path, requests, *, n_ctx: int, parallel: int, loads: bool = True):
+    """{key: Outcome}, the preemptions and the resumptions that computed their cells again, of
+    `requests` through a scheduler whose cells are one pool of `n_ctx`; `loads` False: no
+    saved state loads back (as where llama.cpp finds no room for it in one piece)."""
+    cparams = ContextParams(n_ctx=n_ctx, n_seq_max=parallel, kv_unified=True)
+    with Model(path) as model, Context(model, cparams) as ctx:
+        if not loads:
+            ctx.set_seq_state = lambda data, seq_id=0: False
+        scheduler = Scheduler(model, ctx, parallel=parallel)
+        outcomes = list(scheduler.run(requests(model)))
+        assert scheduler.cells_used == 0 and not scheduler.running
+        counts = scheduler.room.preemptions, scheduler.room.recomputed
+        scheduler.close()
+    return {o.key: o for o in outcomes}, counts
+
+
+@pytest.mark.parametrize("loads", [True, False], ids=["state-loaded", "recomputed"])
+def test_requests_that_outgrow_the_pool_are_suspended_and_end_as_they_would_alone(tiny_llama, loads):
+    """Three requests that each fit the pool of 512 cells, but not together: all are admitted
+    (their prompts fit), the latest is suspended when the cells run out, and each ends with
+    the text it writes alone (greedy), whether its state was loaded back or computed again."""
+    params = SamplingParams(temperature=0.0, max_tokens=150, ignore_eos=True)
+
+    def requests(model):
+        return [Request(i, tokens_of(model, PROMPTS[i + 1] * 5), params) for i in range(3)]
+
+    got, (preempted, recomputed) = _run_pooled(tiny_llama, requests, n_ctx=512, parallel=3, loads=loads)
+    assert preempted >= 1 and (recomputed >= 1) == (not loads)
+    with Model(tiny_llama, vocab_only=True) as model:
+        for request in requests(model):
+            outcome = got[request.key]
+            assert outcome.error is None and outcome.completion.usage.completion_tokens == 150
+            assert outcome.completion.text == solo(tiny_llama, request.tokens, params).text, request.key
+
+
+def test_a_request_longer_than_a_share_runs_and_one_that_can_never_fit_fails_alone(tiny_llama):
+    """With 4 slots in 1,024 cells, a prompt of 700 tokens runs beside short ones (a quarter
+    share would refuse it); one whose prompt and token limit exceed the context fails with the
+    numbers, and the others finish."""
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+    def requests(model):
+        long = tokens_of(model, "word " * 700)
+        return [Request("long", long, params), Request("never", long + long, params),
+                *(Request(i, tokens_of(model, PROMPTS[i]), params) for i in range(6))]
+
+    got, _ = _run_pooled(tiny_llama, requests, n_ctx=1024, parallel=4)
+    assert got["long"].error is None and got["long"].completion.usage.completion_tokens == 20
+    assert "holds 1024" in got["never"].error
+    assert all(got[i].completion.usage.completion_tokens == 20 for i in range(6))
