@@ -94,7 +94,7 @@ def assert_same_or_rounding(session: Session, prompt: Sequence[int], ours: Seque
     batch of its last j tokens (j = 1..MAX_BATCH_TAIL, a verification step). The difference
     is explained if one of them draws `theirs`' token, or if the two tokens' logits are
     closer than twice the largest difference between the logits of one step and of those
-    shapes.
+    shapes, or than a near-tie (a unified KV cache's layout, which is not replayed).
     """
     from infer.runtime.sampling import build_sampler_chain
 
@@ -142,8 +142,12 @@ def assert_same_or_rounding(session: Session, prompt: Sequence[int], ours: Seque
     picks = [t if t is not None else eog for t in (a, b)]
     noise = max(float(np.abs(single - other).max()) for other in shapes)
     gap = abs(float(single[picks[0]]) - float(single[picks[1]]))
-    # Two logits each moved by at most `noise` can swap if they are within twice that.
-    assert gap <= 2 * noise, (
+    # Two logits each moved by at most `noise` can swap if they are within twice that. A
+    # sequence in a unified KV cache (a server's pool) attends to its cells among other
+    # sequences' (masked), which orders the attention's sums otherwise than alone: that
+    # layout is not replayed here, and a near-tie (NEAR_TIE of the top logit) stands for it.
+    floor = NEAR_TIE * float(np.abs(single).max())
+    assert gap <= max(2 * noise, floor), (
         f"{what}: token {i} differs ({show(a)} vs {show(b)}), {gap:.3f} apart in the logits, "
         f"while batch shapes and single steps differ by {noise:.3f} there: not explained by rounding")
     return False

@@ -4,7 +4,11 @@ and resumed with the text they would have written alone."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from real_model import assert_same_or_rounding
+from test_real_model import LONG_TEXT
 from test_scheduler import PROMPTS, solo, tokens_of
 
 from infer.runtime.kv_pool import CellPool
@@ -13,6 +17,7 @@ from infer.runtime.params import ContextParams
 from infer.runtime.request import Request
 from infer.runtime.sampling import SamplingParams
 from infer.runtime.scheduler import Scheduler
+from infer.runtime.session import Session
 
 
 def test_cells_a_copy_shares_count_once_and_are_free_once_no_sequence_holds_them():
@@ -79,3 +84,51 @@ def test_a_request_longer_than_a_share_runs_and_one_that_can_never_fit_fails_alo
     assert got["long"].error is None and got["long"].completion.usage.completion_tokens == 20
     assert "holds 1024" in got["never"].error
     assert all(got[i].completion.usage.completion_tokens == 20 for i in range(6))
+
+
+def test_the_engine_admits_by_cells_and_preempts_without_failing_anyone(tiny_llama):
+    """The server's engine over a pool of 512 cells and 3 slots: six requests that together
+    need far more, submitted at once, all end with their whole token limit and the text a
+    scheduler run gives them; some were suspended on the way, none failed."""
+    from infer.runtime.engine import Engine
+
+    params = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)
+    with Model(tiny_llama) as model:
+        requests = [Request(i, tokens_of(model, PROMPTS[i % 4 + 1] * 4), params) for i in range(6)]
+        engine = Engine(model, ContextParams(n_ctx=512, n_threads=2), parallel=3)
+        done: dict = {}
+        finished = threading.Event()
+
+        def heard(outcome) -> None:
+            done[outcome.key] = outcome
+            if len(done) == len(requests):
+                finished.set()
+
+        for request in requests:
+            engine.submit(request, heard)
+        assert finished.wait(300)
+        preempted = engine.preemptions
+        engine.close()
+    assert all(o.error is None and o.completion.usage.completion_tokens == 120 for o in done.values())
+    assert preempted >= 1
+    alone = {i: solo(tiny_llama, requests[i].tokens, params).text for i in (0, 5)}
+    assert {i: done[i].completion.text for i in alone} == alone
+
+
+def test_a_preempted_request_on_the_real_model_writes_what_it_writes_alone(smollm2):
+    """The embedded model, two requests of 490 prompt tokens in a pool of 1,024 cells: both
+    are admitted, the pool runs out while they generate, the later one is suspended and
+    resumed, and its greedy reply equals its reply alone."""
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    texts = [LONG_TEXT * 3, "Tell me what happens next. " + LONG_TEXT[::-1] * 3]
+
+    def requests(model):
+        return [Request(i, tokens_of(model, text)[:490], params) for i, text in enumerate(texts)]
+
+    got, (preempted, _) = _run_pooled(smollm2, requests, n_ctx=1024, parallel=2)
+    assert preempted >= 1
+    with Session.open(smollm2, ContextParams(n_ctx=1024)) as session:
+        later = requests(session.model)[1]
+        *_, alone = session.generate(later.tokens, params)
+        assert_same_or_rounding(session, later.tokens, alone.tokens, got[1].completion.tokens, params,
+                                "the suspended request")
