@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
 
@@ -193,6 +194,7 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
          speculation: Any, out: IO[str]) -> int:
     from infer.cli.result_json import result_json
     from infer.cli.speculation import describe
+    from infer.runtime.kv_pool import fits_shares
     from infer.runtime.llama import Context
     from infer.runtime.results import Usage
     from infer.runtime.scheduler import Scheduler
@@ -212,7 +214,10 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
             prefix = requests[0].tokens
             for r in requests[1:]:
                 prefix = prefix[:common_prefix_len(prefix, r.tokens)]
-        with Context(model, cparams) as ctx:
+        # Split KV streams where every line fits one (faster), else one pool (runtime/kv_pool.py)
+        split = fits_shares(cparams.n_ctx or 0, cparams.n_seq_max, len(prefix),
+                            (len(r.tokens) - len(prefix) + (r.params.max_tokens or 1) for r in requests))
+        with Context(model, replace(cparams, kv_unified=not split)) as ctx:
             scheduler = Scheduler(model, ctx, parallel=parallel, shared_prefix=prefix,
                                   speculation=speculation)
             guessed = Usage()  # speculation's totals, for -v

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Iterable
 
 
 class CellPool:
@@ -66,3 +67,12 @@ class CellPool:
     def clear(self) -> None:
         self._held.clear()
         self._refs.clear()
+
+
+def fits_shares(n_ctx: int, streams: int, prefix: int, needs: Iterable[int]) -> bool:
+    """Whether every request fits a KV stream of its own: `needs` are their prompts with their
+    token limits, and each of `streams` holds n_ctx / streams cells, the shared `prefix` among
+    them. Where they do (a batch of like lines), split streams decode faster than one pool
+    (benchmarks/README.md, "The KV pool"); where one does not, the pool lets it run."""
+    share = n_ctx // max(streams, 1)
+    return all(prefix + need <= share for need in needs)

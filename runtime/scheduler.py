@@ -202,8 +202,10 @@ class Scheduler:
             return None
         needs = f"the prompt needs {n_tokens + (max_tokens or 1)} tokens of context with its token limit"
         if self.pooled:
-            whole = "the context" if self.slot_cells == self.context.n_ctx else "the model's training context"
-            return f"{needs} but {whole} holds {self.slot_cells}"
+            whole = self.slot_cells + len(self.prefix)
+            what = "context" if whole == self.context.n_ctx else "model's training context"
+            shared = ", less the prefix all requests share" if self.prefix else ""
+            return f"{needs} but a request may use {self.slot_cells} (the {what} of {whole} tokens{shared})"
         return (f"{needs} but each of the {len(self.slots)} parallel slots has {self.slot_cells} "
                 "(raise -c or lower --parallel)")
 

@@ -61,8 +61,23 @@ def test_bad_lines_get_error_objects_and_the_batch_goes_on(tiny_llama):
     assert "text" in by_id["ok"] and "text" in by_id["ok2"]
     assert "not JSON" in by_id[2]["error"]
     assert "prompt" in by_id["no-prompt"]["error"]
-    assert "parallel slots" in by_id["too-long"]["error"]
+    assert "tokens of context" in by_id["too-long"]["error"] and "may use" in by_id["too-long"]["error"]
     assert "temperature" in by_id["bad-temp"]["error"]
+
+
+def test_lines_of_mixed_lengths_all_complete_in_one_pool(tiny_llama):
+    """Three lines of 1,200 tokens among twelve short ones, 8 at a time in 4,096 cells: a
+    long line needs more than a stream's share (455 cells), so the batch's KV cache is one
+    pool, and every line gets its reply (split streams refused the long ones)."""
+    lines = [{"id": f"long{i}", "prompt": f"{i} " + "word " * 1200, "max_tokens": 8} for i in range(3)]
+    lines += [{"id": i, "prompt": f"Question {i}: what is {i} plus {i}?", "max_tokens": 8} for i in range(12)]
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    r = run_cli("batch", tiny_llama, "--parallel", "8", "-c", "4096", "--temp", "0", "--ignore-eos",
+                input=text)
+    assert r.returncode == 0, r.stderr
+    by_id = {res["id"]: res for res in results(r.stdout)}
+    assert set(by_id) == {line["id"] for line in lines}
+    assert all(res.get("error") is None and res["usage"]["completion_tokens"] == 8 for res in by_id.values())
 
 
 def test_a_shared_system_prompt_is_prefilled_once(tiny_llama):

@@ -82,7 +82,7 @@ def test_a_request_longer_than_a_share_runs_and_one_that_can_never_fit_fails_alo
 
     got, _ = _run_pooled(tiny_llama, requests, n_ctx=1024, parallel=4)
     assert got["long"].error is None and got["long"].completion.usage.completion_tokens == 20
-    assert "holds 1024" in got["never"].error
+    assert "may use 1024 (the context of 1024 tokens)" in got["never"].error
     assert all(got[i].completion.usage.completion_tokens == 20 for i in range(6))
 
 
