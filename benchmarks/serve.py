@@ -2,22 +2,35 @@
 
     python benchmarks/serve.py [MODEL.gguf | smollm2] [--llama-bin DIR] [-t 2] [--rounds 3]
                                [--requests 64] [--parallel 16] [--max-tokens 128] [--only infer|llama]
+                               [--load stories|mixed|long]
 
 Both servers are started once (llama-server from benchmarks/build_llama_tools.sh), on the
-same file with the same slots (--parallel), context (--ctx, split among the slots: a KV
-stream per slot on both sides), threads and flash attention (explicitly, --flash-attn),
+same file with the same slots (--parallel), context (--ctx: one pool of KV cells on both
+sides, llama-server's -kvu), threads and flash attention (explicitly, --flash-attn),
 no speculation, and each answers one warm-up request. Then, each round, the same
---requests chat requests (distinct prompts of different lengths, greedy, end-of-generation
-ignored so that each generates exactly --max-tokens tokens) go to one server and then to
-the other (the order alternates between rounds; only one server is under load at a
-time), --parallel in flight at once: POST /v1/chat/completions, streamed (SSE), usage
-in the last chunk. Measured by this client (asyncio + httpx):
+chat requests (greedy, end-of-generation ignored so that each generates exactly its token
+limit) go to one server and then to the other (the order alternates between rounds; only
+one server is under load at a time): POST /v1/chat/completions, streamed (SSE), usage
+in the last chunk. The loads (--load):
+
+- stories (the default): --requests prompts of different lengths, --max-tokens each,
+  --parallel in flight at once;
+- mixed (issue 34's load a): 4 prompts of 1,800 tokens and 8 of 60, 64 tokens each, all at
+  once, on 4 slots and 8,192 cells unless given;
+- long (load b): 6 prompts of 2,400 tokens at once, 64 tokens each: more than a pool of
+  8,192 cells holds (infer admits them as cells free up, or preempts).
+
+The long prompts are distinct each round (a round number leads them), so neither server
+finds the last round's in its slots. Measured by this client (asyncio + httpx):
 
 - tokens/s: completion tokens (from the usage chunks) over the wall time of the set;
 - TTFT: first content chunk less the moment the request was sent, p50 and p99;
 - ITL: the gaps between consecutive content chunks of a request, p50 over all gaps.
 
-Medians over rounds, and the ratios infer / llama-server (throughput, TTFT p50).
+- wall: the time of the whole set; completed and failed requests (a failure is counted,
+  not fatal, under the mixed and long loads); infer's preemptions (/metrics).
+
+Medians over rounds, and the ratios infer / llama-server (throughput, TTFT p50, wall).
 --json prints the figures as one JSON object instead of the table.
 """
 
@@ -55,6 +68,32 @@ FORMS = ["Write a short story about {}.",
          "You are a children's author. Write a short, gentle bedtime story about {} for a six-year-old, "
          "with simple words, a little humour, a repeated phrase, and a happy ending that teaches "
          "something about patience and friendship."]
+
+
+WORDS = [
+    "harbour", "lantern", "meadow", "copper", "whisper", "orchard", "tunnel", "saddle",
+    "violet", "ember", "glacier", "pepper", "compass", "thunder", "willow", "marble",
+    "parcel", "falcon", "quarry", "ribbon", "canyon", "velvet", "anchor", "cobble",
+]
+
+
+def document(n_words: int, seed: int) -> str:
+    """Text of about `n_words` words (a token or two each), the same for the same seed."""
+    import random
+
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def load(kind: str, round_: int, max_tokens: int, requests: int) -> list[dict]:
+    """The payloads of one round of a load (see the module's doc)."""
+    if kind == "stories":
+        return [body(p, max_tokens, True) for p in prompts(requests)]
+    sizes = [1800] * 4 + [60] * 8 if kind == "mixed" else [2400] * 6
+    # (1,000 of these words are 1,092 tokens under SmolLM2's tokenizer; the chat template and
+    # the first line add about 30)
+    return [body(f"Round {round_}, document {i}. Summarize it.\n"
+                 + document(int((n - 30) / 1.092), 1000 * round_ + i), 64, True) for i, n in enumerate(sizes)]
 
 
 def prompts(n: int) -> list[str]:
@@ -158,12 +197,14 @@ def body(prompt: str, max_tokens: int, ignore_eos: bool) -> dict:
 
 
 async def request(client: httpx.AsyncClient, sem: asyncio.Semaphore, server: Server, payload: dict) -> dict:
-    """One streamed chat completion: when it was sent, when each content chunk came, the usage."""
+    """One streamed chat completion: when it was sent, when each content chunk came, the usage,
+    and an error (the HTTP status, or an error event in the stream) where it failed."""
     async with sem:
-        sent, chunks, usage = time.perf_counter(), [], None
+        sent, chunks, usage, error = time.perf_counter(), [], None, None
         async with client.stream("POST", f"{server.url}/v1/chat/completions", json=payload) as r:
             if r.status_code != 200:
-                server.fail(f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')}")
+                error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
+                return {"sent": sent, "chunks": chunks, "usage": usage, "error": error}
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -172,9 +213,10 @@ async def request(client: httpx.AsyncClient, sem: asyncio.Semaphore, server: Ser
                     break
                 event = json.loads(data)
                 usage = event.get("usage") or usage
+                error = event.get("error") or error
                 if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
                     chunks.append(time.perf_counter())  # a chunk may carry more than one token
-        return {"sent": sent, "chunks": chunks, "usage": usage}
+        return {"sent": sent, "chunks": chunks, "usage": usage, "error": error}
 
 
 async def run_set(server: Server, payloads: list[dict], parallel: int) -> list[dict]:
@@ -184,10 +226,22 @@ async def run_set(server: Server, payloads: list[dict], parallel: int) -> list[d
         return await asyncio.gather(*(request(client, sem, server, p) for p in payloads))
 
 
-def measure(server: Server, payloads: list[dict], parallel: int) -> dict:
+def preemptions(server: Server) -> float:
+    """infer's count of suspended requests (/metrics); 0 where the server has none."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text if server.name.startswith("infer") else ""
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("infer:num_preemptions_total"))
+
+
+def measure(server: Server, payloads: list[dict], parallel: int, *, strict: bool = True) -> dict:
+    """One set of requests; `strict`: a failed request ends the benchmark (else it is counted)."""
+    before = preemptions(server)
     t0 = time.perf_counter()
     results = asyncio.run(run_set(server, payloads, parallel))
     wall = time.perf_counter() - t0
+    failed = [r["error"] or "no usage" for r in results if r["error"] or not r["usage"]]
+    if strict and any(r["error"] for r in results):
+        server.fail(next(r["error"] for r in results if r["error"]))
     # Generated tokens from the usage chunk; without one, content chunks (at least one token each).
     tokens = [r["usage"]["completion_tokens"] if r["usage"] else len(r["chunks"]) for r in results]
     ttft = [(r["chunks"][0] - r["sent"]) * 1000 for r in results if r["chunks"]]
@@ -196,9 +250,12 @@ def measure(server: Server, payloads: list[dict], parallel: int) -> dict:
         server.fail("no content chunks streamed back")
     pct = statistics.quantiles(ttft, n=100, method="inclusive") if len(ttft) > 1 else ttft * 99
     return {"tokens": sum(tokens), "wall_s": wall, "tokens_per_s": sum(tokens) / wall,
-            "ttft_p50_ms": statistics.median(ttft), "ttft_p99_ms": pct[98],
+            "ttft_p50_ms": statistics.median(ttft), "ttft_p95_ms": pct[94], "ttft_p99_ms": pct[98],
             "itl_p50_ms": statistics.median(itl), "chunks": sum(len(r["chunks"]) for r in results),
-            "no_usage": sum(not r["usage"] for r in results), "min_tokens": min(tokens)}
+            "no_usage": sum(not r["usage"] for r in results), "min_tokens": min(tokens),
+            "completed": len(results) - len(failed), "failed": len(failed), "errors": failed[:3],
+            "preemptions": preemptions(server) - before,
+            "prompt_tokens": [r["usage"]["prompt_tokens"] for r in results if r["usage"]]}
 
 
 def main() -> None:
@@ -209,9 +266,12 @@ def main() -> None:
     ap.add_argument("--llama-bin", type=Path, default=LLAMA_BIN, help="folder holding llama-server")
     ap.add_argument("--infer-cmd", default=shlex.join(INFER), help="how to run infer (default: %(default)s)")
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--parallel", type=int, default=16, help="slots of each server and requests in flight")
+    ap.add_argument("--parallel", type=int, default=None,
+                    help="slots of each server and requests in flight (default: 16; mixed, long: 4)")
     ap.add_argument("--ctx", type=int, default=None,
-                    help="context of each server, split among its slots (default: 512 per slot)")
+                    help="each server's KV cells (default: 512 per slot; mixed, long: 8192)")
+    ap.add_argument("--load", choices=("stories", "mixed", "long"), default="stories",
+                    help="the requests of a round (see above)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
@@ -223,7 +283,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
     args = ap.parse_args()
     model = resolve_model(args.model_opt or args.model)
-    ctx = args.ctx or 512 * args.parallel
+    stories = args.load == "stories"
+    args.parallel = args.parallel or (16 if stories else 4)
+    ctx = args.ctx or (512 * args.parallel if stories else 8192)
     common = ["-c", str(ctx), "-t", str(args.threads)]
     sides: dict[str, list[str]] = {}
     if args.only != "llama":
@@ -237,13 +299,17 @@ def main() -> None:
         extra += ["--no-cache"] if "--no-cache" in help_text else []  # (llama-server: -cram 0)
         sides["infer serve"] = [*infer, model, "--parallel", str(args.parallel), *common, *extra]
     if args.only != "infer":
-        # -no-kvu: a KV stream per slot, -c split among them (as infer); -cram 0: no prompt cache
-        # in host memory (infer serve runs with --no-cache, its disk prompt cache off; the
+        # -kvu: one pool of -c cells for all slots (as infer's); -cram 0: no prompt cache in
+        # host memory (infer serve runs with --no-cache, its disk prompt cache off; the
         # shared-prefix reuse within a slot stays on for both).
         sides["llama-server"] = [str(args.llama_bin / "llama-server"), "-m", model, "-np", str(args.parallel),
-                                 *common, "-fa", args.flash_attn, "-no-kvu", "-cram", "0", "--no-webui",
+                                 *common, "-fa", args.flash_attn, "-kvu", "-cram", "0", "--no-webui",
                                  *repacking.peer_args("llama-server")]
-    payloads = [body(p, args.max_tokens, args.ignore_eos) for p in prompts(args.requests)]
+
+    def payloads(round_: int) -> list[dict]:
+        if stories:
+            return [body(p, args.max_tokens, args.ignore_eos) for p in prompts(args.requests)]
+        return load(args.load, round_, args.max_tokens, args.requests)
 
     servers = [Server(name, cmd) for name, cmd in sides.items()]
     rounds: list[dict[str, dict]] = []
@@ -253,7 +319,9 @@ def main() -> None:
             measure(s, [body("Say hello.", 8, args.ignore_eos)], 1)  # warm-up
         for r in range(args.rounds):
             order = servers if r % 2 == 0 else servers[::-1]
-            rounds.append({s.name: measure(s, payloads, args.parallel) for s in order})
+            sent = payloads(r)  # (the same for both sides; all at once but for the stories)
+            rounds.append({s.name: measure(s, sent, args.parallel if stories else len(sent), strict=stories)
+                           for s in order})
             if not args.json:
                 print(f"round {r + 1}: " + "   ".join(
                     f"{s.name} {rounds[-1][s.name]['tokens_per_s']:.1f} tokens/s" for s in servers),
@@ -262,33 +330,39 @@ def main() -> None:
         for s in servers:
             s.stop()
 
-    keys = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
+    keys = ("tokens_per_s", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "itl_p50_ms", "wall_s", "completed",
+            "failed", "preemptions")
     median = {s.name: {k: statistics.median(rd[s.name][k] for rd in rounds) for k in keys} for s in servers}
     ratio = {}
     if len(servers) == 2:
         a, b = median["infer serve"], median["llama-server"]
         ratio = {"tokens_per_s": a["tokens_per_s"] / b["tokens_per_s"],
-                 "ttft_p50": a["ttft_p50_ms"] / b["ttft_p50_ms"]}
+                 "ttft_p50": a["ttft_p50_ms"] / b["ttft_p50_ms"], "wall": a["wall_s"] / b["wall_s"]}
     if args.json:
-        print(json.dumps({"model": model, "threads": args.threads, "ctx": ctx, "parallel": args.parallel,
+        print(json.dumps({"model": model, "load": args.load, "threads": args.threads, "ctx": ctx,
+                          "parallel": args.parallel,
                           "requests": args.requests, "max_tokens": args.max_tokens,
                           "flash_attn": args.flash_attn, "ignore_eos": args.ignore_eos, "commands": sides,
                           "rounds": rounds, "median": median, "ratio": ratio}, indent=2))
         return
+    shape = f"{args.requests} requests x {args.max_tokens} tokens" if stories else f"load {args.load}"
     print(f"model: {model}\nthreads {args.threads}   ctx {ctx}   parallel {args.parallel}   "
-          f"{args.requests} requests x {args.max_tokens} tokens   flash attention {args.flash_attn}   "
-          f"medians of {args.rounds} rounds")
+          f"{shape}   flash attention {args.flash_attn}   medians of {args.rounds} rounds")
     print(repacking.line())
-    print(f"{'':<22}{'tokens/s':>10}{'TTFT p50':>12}{'TTFT p99':>12}{'ITL p50':>11}")
+    print(f"{'':<22}{'tokens/s':>10}{'TTFT p50':>12}{'TTFT p95':>12}{'ITL p50':>11}{'wall':>9}"
+          f"{'done':>6}{'failed':>8}{'preempted':>11}")
     for s in servers:
         m, last = median[s.name], rounds[-1][s.name]
-        short = last["min_tokens"] < args.max_tokens
+        short = last["min_tokens"] < (args.max_tokens if stories else 64)
         note = f"   (short replies: min {last['min_tokens']} tokens)" if short else ""
         note += f"   ({last['no_usage']} without usage)" if last["no_usage"] else ""
-        print(f"{s.name:<22}{m['tokens_per_s']:>10.1f}{m['ttft_p50_ms']:>9.0f} ms{m['ttft_p99_ms']:>9.0f} ms"
-              f"{m['itl_p50_ms']:>8.1f} ms{note}")
+        note += f"   (errors: {last['errors']})" if last["errors"] else ""
+        print(f"{s.name:<22}{m['tokens_per_s']:>10.1f}{m['ttft_p50_ms']:>9.0f} ms{m['ttft_p95_ms']:>9.0f} ms"
+              f"{m['itl_p50_ms']:>8.1f} ms{m['wall_s']:>8.1f}s{m['completed']:>6.0f}{m['failed']:>8.0f}"
+              f"{m['preemptions']:>11.0f}{note}")
     if ratio:
-        print(f"{'infer / llama-server':<22}{ratio['tokens_per_s']:>9.2f}x{ratio['ttft_p50']:>11.2f}x")
+        print(f"{'infer / llama-server':<22}{ratio['tokens_per_s']:>9.2f}x{ratio['ttft_p50']:>11.2f}x"
+              f"{'':>23}{ratio['wall']:>8.2f}x")
 
 
 if __name__ == "__main__":

@@ -116,18 +116,18 @@ def test_the_engine_admits_by_cells_and_preempts_without_failing_anyone(tiny_lla
 
 
 def test_a_preempted_request_on_the_real_model_writes_what_it_writes_alone(smollm2):
-    """The embedded model, two requests of 490 prompt tokens in a pool of 1,024 cells: both
+    """The embedded model, two requests of 240 prompt tokens in a pool of 512 cells: both
     are admitted, the pool runs out while they generate, the later one is suspended and
     resumed, and its greedy reply equals its reply alone."""
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    texts = [LONG_TEXT * 3, "Tell me what happens next. " + LONG_TEXT[::-1] * 3]
+    texts = [LONG_TEXT * 2, "Tell me what happens next. " + LONG_TEXT[::-1] * 2]
 
     def requests(model):
-        return [Request(i, tokens_of(model, text)[:490], params) for i, text in enumerate(texts)]
+        return [Request(i, tokens_of(model, text)[:240], params) for i, text in enumerate(texts)]
 
-    got, (preempted, _) = _run_pooled(smollm2, requests, n_ctx=1024, parallel=2)
+    got, (preempted, _) = _run_pooled(smollm2, requests, n_ctx=512, parallel=2)
     assert preempted >= 1
-    with Session.open(smollm2, ContextParams(n_ctx=1024)) as session:
+    with Session.open(smollm2, ContextParams(n_ctx=512)) as session:
         later = requests(session.model)[1]
         *_, alone = session.generate(later.tokens, params)
         assert_same_or_rounding(session, later.tokens, alone.tokens, got[1].completion.tokens, params,

@@ -105,11 +105,10 @@ def test_one_conversation_gives_the_same_replies_however_it_is_reached(smollm2, 
 
 
 def test_batch_parallel_16_matches_solo_runs(smollm2, tmp_path):
-    subjects = ["cats", "the moon", "bread", "rivers", "chess", "volcanoes", "bees", "winter",
-                "trains", "music", "glass", "maps", "salt", "clocks", "owls", "paper"]
+    subjects = ["cats", "the moon", "bread", "rivers", "chess", "volcanoes", "bees", "winter"]
     prompts = [f"Write one sentence about {s}." for s in subjects]
-    prompts += [f"What is {a} times {b}?" for a, b in zip(range(2, 18), range(3, 19), strict=True)]
-    assert len(prompts) == 32
+    prompts += [f"What is {a} times {b}?" for a, b in zip(range(2, 10), range(3, 11), strict=True)]
+    assert len(prompts) == 16  # (one step holds them all)
     lines = "".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(prompts))
     # Without speculation: its verification batches round differently again, and its draft
     # lengths follow the run's own step timings (test_speculative checks batches with it).
@@ -137,7 +136,7 @@ def test_batch_parallel_16_matches_solo_runs(smollm2, tmp_path):
         one = json.loads(run_cli("run", "smollm2", *GREEDY, "-n", "32", "--json", "--no-cache",
                                  prompts[0]).stdout)
         assert one["text"] == batched[0]
-    assert exact >= 28, f"only {exact} of 32 lines equal their solo run"
+    assert exact >= 14, f"only {exact} of 16 lines equal their solo run"
 
 
 SCHEMAS = {
