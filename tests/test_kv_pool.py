@@ -132,3 +132,28 @@ def test_a_preempted_request_on_the_real_model_writes_what_it_writes_alone(smoll
         *_, alone = session.generate(later.tokens, params)
         assert_same_or_rounding(session, later.tokens, alone.tokens, got[1].completion.tokens, params,
                                 "the suspended request")
+
+
+def test_slots_that_share_a_prefix_hold_its_cells_once(tiny_llama):
+    """Two requests with the same 300-token preamble, the second arriving while the first
+    runs: the second's prefix is a copy of the first's cells (llama_memory_seq_cp in one
+    pool), so the pool holds the preamble once, and the second computes only its own tail."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    cparams = ContextParams(n_ctx=2048, n_seq_max=2, kv_unified=True)
+    with Model(tiny_llama) as model, Context(model, cparams) as ctx:
+        preamble = tokens_of(model, "You are a careful assistant. " * 50)[:300]
+        first = Request("a", preamble + tokens_of(model, "What is rain?")[1:], params)
+        second = Request("b", preamble + tokens_of(model, "Why is snow white?")[1:], params)
+        scheduler = Scheduler(model, ctx, parallel=2, keep_cache=True)
+        assert scheduler.add(first) is None
+        scheduler.step()  # (its prompt decoded)
+        assert scheduler.add(second) is None
+        scheduler.step()
+        a, b = (next(s for s in scheduler.slots if s.request is r) for r in (first, second))
+        assert b.cached >= 300
+        assert scheduler.cells_used == a.n_past + b.n_past - b.cached  # the preamble once
+        done = {o.key: o for o in scheduler.run([])}
+        assert scheduler.cells_used > 0  # (what finished stays, for the next request)
+        scheduler.close()
+    assert all(o.completion.usage.completion_tokens == 8 for o in done.values())
+    assert done["b"].completion.usage.cached_tokens >= 300
