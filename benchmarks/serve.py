@@ -24,9 +24,9 @@ The long prompts are distinct each round (a round number leads them), so neither
 finds the last round's in its slots. Measured by this client (asyncio + httpx):
 
 - tokens/s: completion tokens (from the usage chunks) over the wall time of the set;
-- TTFT: first content chunk less the moment the request was sent, p50 and p99;
+- TTFT: first content chunk less the moment the request was sent, p50 and p95
+  (p99 too, in --json);
 - ITL: the gaps between consecutive content chunks of a request, p50 over all gaps.
-
 - wall: the time of the whole set; completed and failed requests (a failure is counted,
   not fatal, under the mixed and long loads); infer's preemptions (/metrics).
 
