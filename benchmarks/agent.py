@@ -17,8 +17,8 @@ is still generated, parsed for calls and streamed back, and the next turn's prom
 the last one as an agent's does (the slot's cache holds its prefix).
 
 Both servers: the same file, template (--chat-template-file, default Qwen 3's, whose
-`<tool_call>` JSON calls both read), -c split into a KV stream per slot (llama-server
--no-kvu), flash attention (--flash-attn, explicitly on both), 2 threads, no speculation, no
+`<tool_call>` JSON calls both read), -c cells as one KV pool for all slots (infer's server
+always; llama-server -kvu), flash attention (--flash-attn, explicitly on both), 2 threads, no speculation, no
 prompt cache beyond the slots' own (infer --no-cache, llama-server -cram 0), thinking off
 (chat_template_kwargs). The order of the servers alternates between rounds; only one is
 under load at a time. Measured by this client: the total wall time of all conversations and
@@ -200,7 +200,7 @@ def main() -> None:
         "infer serve": [*shlex.split(args.infer_cmd), "serve", model, "-np", str(args.conversations), *common,
                         "--flash-attn", args.flash_attn, "--spec-type", "none", "--no-cache", "--no-socket"],
         "llama-server": [str(args.llama_bin / "llama-server"), "-m", model, "-np", str(args.conversations),
-                         *common, "--jinja", "-fa", args.flash_attn, "-no-kvu", "-cram", "0", "--no-webui",
+                         *common, "--jinja", "-fa", args.flash_attn, "-kvu", "-cram", "0", "--no-webui",
                          *repacking.peer_args("llama-server")],
     }
     names = list(sides)
