@@ -94,7 +94,8 @@ def main() -> None:
     if max(lengths) + 301 > args.ctx:
         sys.exit("--ctx must hold the longest length and a 300-token neighbour")
     r = measure(model, args.threads, lengths, args.ctx, args.rounds)
-    print(f"model: {model}   threads {args.threads}   ctx {args.ctx} (unified)   medians of {args.rounds} rounds")
+    print(f"model: {model}   threads {args.threads}   ctx {args.ctx} (unified)   "
+          f"medians of {args.rounds} rounds")
     print(f"{'tokens':>8}{'prefill':>12}{'save':>10}{'load':>10}{'prefill / (save + load)':>26}")
     for n, m in r["lengths"].items():
         ratio = m["prefill"] / (m["save"] + m["load"])

@@ -9,7 +9,7 @@ import threading
 import pytest
 from real_model import assert_same_or_rounding
 from test_real_model import LONG_TEXT
-from test_scheduler import PROMPTS, solo, tokens_of
+from test_scheduler import PROMPTS, solos, tokens_of
 
 from infer.runtime.kv_pool import CellPool
 from infer.runtime.llama import Context, Model
@@ -63,10 +63,12 @@ def test_requests_that_outgrow_the_pool_are_suspended_and_end_as_they_would_alon
     got, (preempted, recomputed) = _run_pooled(tiny_llama, requests, n_ctx=512, parallel=3, loads=loads)
     assert preempted >= 1 and (recomputed >= 1) == (not loads)
     with Model(tiny_llama, vocab_only=True) as model:
-        for request in requests(model):
-            outcome = got[request.key]
-            assert outcome.error is None and outcome.completion.usage.completion_tokens == 150
-            assert outcome.completion.text == solo(tiny_llama, request.tokens, params).text, request.key
+        sent = requests(model)
+    alone = solos(tiny_llama, [r.tokens for r in sent], params)
+    for request, own in zip(sent, alone, strict=True):
+        outcome = got[request.key]
+        assert outcome.error is None and outcome.completion.usage.completion_tokens == 150
+        assert outcome.completion.text == own.text, request.key
 
 
 def test_a_request_longer_than_a_share_runs_and_one_that_can_never_fit_fails_alone(tiny_llama):
@@ -111,8 +113,8 @@ def test_the_engine_admits_by_cells_and_preempts_without_failing_anyone(tiny_lla
         engine.close()
     assert all(o.error is None and o.completion.usage.completion_tokens == 120 for o in done.values())
     assert preempted >= 1
-    alone = {i: solo(tiny_llama, requests[i].tokens, params).text for i in (0, 5)}
-    assert {i: done[i].completion.text for i in alone} == alone
+    alone = solos(tiny_llama, [requests[0].tokens, requests[5].tokens], params)
+    assert [done[0].completion.text, done[5].completion.text] == [c.text for c in alone]
 
 
 def test_a_preempted_request_on_the_real_model_writes_what_it_writes_alone(smollm2):

@@ -44,8 +44,18 @@ def run_batched(path, requests, *, parallel, n_ctx=4096, shared_prefix=(), recor
 
 
 def solo(path, tokens, params):
+    return solos(path, [tokens], params)[0]
+
+
+def solos(path, prompts, params):
+    """Each prompt's Completion alone: one session, its cache emptied before each."""
     with Session.open(path) as s:
-        return next(e for e in s.generate(tokens, params) if isinstance(e, Completion))
+        out = []
+        for tokens in prompts:
+            s.context.memory_clear()
+            s.tokens.clear()
+            out.append(next(e for e in s.generate(tokens, params) if isinstance(e, Completion)))
+        return out
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.0, max_tokens=12),
@@ -57,8 +67,8 @@ def test_one_at_a_time_equals_a_solo_run(tiny_llama, params):
 
     got, _, _ = run_batched(tiny_llama, requests, parallel=1)
     with Model(tiny_llama, vocab_only=True) as model:
-        expected = [solo(tiny_llama, tokens_of(model, p), params).text for p in PROMPTS[:4]]
-    assert [got[i].text for i in range(4)] == expected
+        prompts = [tokens_of(model, p) for p in PROMPTS[:4]]
+    assert [got[i].text for i in range(4)] == [c.text for c in solos(tiny_llama, prompts, params)]
 
 
 @pytest.mark.parametrize("unified", [True, False], ids=["unified-kv", "kv-per-sequence"])
@@ -117,13 +127,12 @@ def test_a_shared_prefix_is_prefilled_once_and_copied(tiny_llama, unified):
 
     with Model(tiny_llama, vocab_only=True) as vocab:
         prefix = tokens_of(vocab, system)
+        prompts = [prefix + vocab.tokenize(q, add_special=False, parse_special=False) for q in questions]
     got, _, prefilled = run_batched(tiny_llama, requests, parallel=4, shared_prefix=prefix, unified=unified)
     assert prefilled == len(prefix) + sum(n - len(prefix) for n in lengths.values())
     assert all(c.usage.cached_tokens == len(prefix) for c in got.values())
-    for i, completion in got.items():  # and the answers are each question's own
-        with Model(tiny_llama, vocab_only=True) as vocab:
-            tokens = prefix + vocab.tokenize(questions[i], add_special=False, parse_special=False)
-        assert completion.text == solo(tiny_llama, tokens, params).text
+    alone = solos(tiny_llama, prompts, params)
+    assert {i: c.text for i, c in got.items()} == {i: c.text for i, c in enumerate(alone)}  # each its own
 
 
 def _serve_once(path, tokens, params, *, cache, checkpoint=0, parallel=2):

@@ -333,7 +333,7 @@ def test_clients_that_disconnect_free_their_slots(server: Server, client: openai
     assert server.metrics()["infer:num_requests_running"] == 0
 
 
-def test_a_bounded_load_of_256_streams_loses_nothing_and_memory_stays_flat(server: Server) -> None:
+def test_a_bounded_load_of_192_streams_loses_nothing_and_memory_stays_flat(server: Server) -> None:
     async def wave(client: openai.AsyncOpenAI, first: int, count: int) -> None:
         gate = asyncio.Semaphore(64)
 
@@ -356,7 +356,7 @@ def test_a_bounded_load_of_256_streams_loses_nothing_and_memory_stays_flat(serve
         try:
             await wave(client, 0, 64)
             warm = server.rss_kib()
-            await wave(client, 64, 192)
+            await wave(client, 64, 128)
             return warm, server.rss_kib()
         finally:
             await client.close()
