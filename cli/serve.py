@@ -44,7 +44,8 @@ SERVER = "Server"
         "-np", "--parallel", help="Requests decoded together per model (default: from the model's size).",
         show_default=False, rich_help_panel=SERVER)], None),
     ("api_key", Annotated[str | None, typer.Option(
-        "--api-key", help="Require 'Authorization: Bearer KEY' (not for /health).", rich_help_panel=SERVER)],
+        "--api-key", help="Require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (not for /health).",
+        rich_help_panel=SERVER)],
      None),
     ("api_key_file", Annotated[Path | None, typer.Option(
         "--api-key-file", help="Read the API key from this file.", rich_help_panel=SERVER)], None),

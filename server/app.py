@@ -1,5 +1,6 @@
-"""The HTTP API: OpenAI's chat and completions endpoints over the engines' continuous batch,
-with /health, /v1/models and /metrics; the ASGI app, its routes and its error bodies.
+"""The HTTP API: OpenAI's chat and completions endpoints and Anthropic's Messages over the
+engines' continuous batch, with /health, /v1/models and /metrics; the ASGI app, its routes and
+its error bodies.
 
 How a generation runs is in `generation`; `Config` (importable from here) in `config`.
 """
@@ -15,12 +16,17 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from infer.server import anthropic, anthropic_reply, schema
 from infer.server.auth import with_api_key
 from infer.server.config import Config
 from infer.server.errors import ApiError
-from infer.server.generation import Generations
+from infer.server.generation import Generations, Shape
+from infer.server.incoming import read_body
 from infer.server.metrics import Metrics
 from infer.server.models import ModelPool
+from infer.server.prepare import prompt_tokens
+
+ANTHROPIC = Shape(anthropic_reply.stream, anthropic_reply.whole)
 
 __all__ = ["Api", "Config", "create_app"]
 
@@ -56,6 +62,19 @@ class Api:
     async def completions(self, request: HttpRequest) -> Response:
         return await self.generations.generate(request, chat=False)
 
+    async def messages(self, request: HttpRequest) -> Response:
+        """Anthropic's Messages API: translated at the edge (server/anthropic.py)."""
+        body = schema.parse_body(await read_body(request))
+        gen = schema.parse_generation(anthropic.chat_body(body), chat=True)
+        return await self.generations.respond(request, gen, ANTHROPIC)
+
+    async def count_tokens(self, request: HttpRequest) -> Response:
+        body = schema.parse_body(await read_body(request))
+        gen = schema.parse_generation(anthropic.chat_body(body, count_only=True), chat=True)
+        served = await self.pool.get(gen.model)
+        count = await asyncio.to_thread(prompt_tokens, served, gen, self.config)
+        return JSONResponse({"input_tokens": count})
+
 
 def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlette:
     api = Api(pool, config)
@@ -65,23 +84,30 @@ def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlet
         Route("/metrics", api.metrics_text, methods=["GET"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/messages", api.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
     ]
     handlers = {ApiError: _api_error, 404: _not_found, 405: _not_found}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     app.state.api = api
     if config.api_key is not None:
-        return with_api_key(app, config.api_key)  # type: ignore[return-value]
+        return with_api_key(app, config.api_key, error_body)  # type: ignore[return-value]
     return app
 
 
 async def _api_error(request: HttpRequest, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    return JSONResponse(error_body(request.url.path, exc), status_code=exc.status, headers=exc.headers)
+
+
+def error_body(path: str, error: ApiError) -> dict[str, Any]:
+    """An error in the shape of the API the path belongs to."""
+    return anthropic.error_body(error) if path.startswith("/v1/messages") else error.body()
 
 
 async def _not_found(request: HttpRequest, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 404)
-    return JSONResponse(ApiError(status, f"{request.method} {request.url.path}: "
-                                 f"{'no such endpoint' if status == 404 else 'not allowed'}",
-                                 code="not_found" if status == 404 else "method_not_allowed").body(),
-                        status_code=status)
+    error = ApiError(status, f"{request.method} {request.url.path}: "
+                     f"{'no such endpoint' if status == 404 else 'not allowed'}",
+                     code="not_found" if status == 404 else "method_not_allowed")
+    return JSONResponse(error_body(request.url.path, error), status_code=status)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from typing import Any, NamedTuple
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
@@ -31,6 +33,16 @@ from infer.server.reply import Reply
 from infer.server.streaming import Gone, sse_response, stream
 
 
+class Shape(NamedTuple):
+    """How an API writes a reply: its stream of events, and the whole body."""
+
+    stream: Callable[[Reply, Mailbox, int, Gone], AsyncIterator[bytes]]
+    whole: Callable[[Reply], dict[str, Any]]
+
+
+OPENAI = Shape(stream, Reply.whole)
+
+
 class Generations:
     """The handler of chat and completions requests, and the replies their clients left."""
 
@@ -40,7 +52,10 @@ class Generations:
 
     async def generate(self, http: HttpRequest, *, chat: bool) -> Response:
         body = schema.parse_body(await read_body(http))
-        gen = schema.parse_generation(body, chat=chat)
+        return await self.respond(http, schema.parse_generation(body, chat=chat), OPENAI)
+
+    async def respond(self, http: HttpRequest, gen: schema.Generation, shape: Shape) -> Response:
+        """Run a checked request and answer in `shape` (OpenAI's, or another API's at the edge)."""
         served = await self.pool.get(gen.model)
         ready = await asyncio.to_thread(prepare, served, gen, self.config)
         thinking = ready.thinking
@@ -51,11 +66,13 @@ class Generations:
                       calls=ready.calls)
         gone = functools.partial(self._abandon, reply, mailbox, requests, served)
         if gen.stream:
-            return sse_response(stream(reply, mailbox, len(requests), gone))
-        return await self._collect(http, reply, mailbox, requests, gone)
+            return sse_response(shape.stream(reply, mailbox, len(requests), gone))
+        left = await self._collect(http, reply, mailbox, requests, gone)
+        return left or JSONResponse(shape.whole(reply))
 
     async def _collect(self, http: HttpRequest, reply: Reply, mailbox: Mailbox, requests: list[Request],
-                       gone: Gone) -> Response:
+                       gone: Gone) -> Response | None:
+        """Every choice's end taken into `reply`; a 499 if the client went away first."""
         ended = 0
         left = asyncio.ensure_future(disconnected(http))
         try:
@@ -76,7 +93,7 @@ class Generations:
             left.cancel()
         if reply.error is not None:  # accepted, then failed: the model failed or the server is stopping
             raise ApiError(503, reply.error, type="server_error", code="generation_failed")
-        return JSONResponse(reply.whole())
+        return None
 
     def _abandon(self, reply: Reply, mailbox: Mailbox, requests: list[Request], served: Served,
                  remaining: int, taken: list[tuple[int, Delta | Outcome]]) -> None:

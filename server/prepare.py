@@ -35,17 +35,13 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
     rendering with its thinking plan (runtime/thinking.py) and, where the reply may call tools,
     how the model writes calls (off the event loop: templates and tokenizing a long prompt
     take time)."""
-    from infer.runtime.thinking_prompt import thinking_prompt
-
     model = served.model
     thinking = syntax = None
     try:
         params = SamplingParams.resolve(served.opened.sampling_defaults,
                                         {**dict(config.sampling), **gen.overrides})
         if gen.chat:
-            syntax = _tool_syntax(served, gen, config)
-            thinking = thinking_prompt(model, list(gen.messages), template=config.chat_template,
-                                       request=gen.thinking, tools=gen.tools.tools if syntax else ())
+            thinking, syntax = render_chat(served, gen, config)
             params = _forced_calls(params, syntax, gen, model)
             tokens = thinking.tokens
             for note in thinking.notes:
@@ -84,6 +80,26 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
                       f"request may use {limit} ({whole})", code="context_length_exceeded")
     variables = thinking.variables if thinking is not None else {}
     return Prepared(tokens, params, _checkpoint(served, gen, tokens, config, variables), thinking, syntax)
+
+
+def render_chat(served: Served, gen: schema.Generation,
+                config: Config) -> tuple[ThinkingPrompt, ToolSyntax | None]:
+    """A chat's prompt as the template renders it (with the tools where the reply may call
+    them), and how the model writes calls (raises InferError)."""
+    from infer.runtime.thinking_prompt import thinking_prompt
+
+    syntax = _tool_syntax(served, gen, config)
+    thinking = thinking_prompt(served.model, list(gen.messages), template=config.chat_template,
+                               request=gen.thinking, tools=gen.tools.tools if syntax else ())
+    return thinking, syntax
+
+
+def prompt_tokens(served: Served, gen: schema.Generation, config: Config) -> int:
+    """How many tokens a chat's prompt is (Anthropic's count_tokens), off the event loop."""
+    try:
+        return len(render_chat(served, gen, config)[0].tokens)
+    except InferError as e:
+        raise invalid(None, str(e)) from None
 
 
 def _forced_calls(params: SamplingParams, syntax: ToolSyntax | None, gen: schema.Generation,

@@ -72,6 +72,20 @@ class Reply:
         stream = self.calls[choice]
         return (reasoning, *_parts([*stream.feed(content), *stream.finish()]))
 
+    def pieces(self, choice: int, delta: Delta) -> tuple[str, str, list[Any]]:
+        """A Delta's reasoning, content and tool-call events (recorded), for a front end that
+        streams them in a shape of its own."""
+        reasoning, content, calls = self._split(choice, delta.text)
+        self._take(choice, reasoning, content)
+        return reasoning, content, calls
+
+    def end_pieces(self, choice: int, outcome: Outcome) -> tuple[str, str, list[Any]]:
+        """What a choice's splitters still held (recorded), then its end."""
+        tail = self._flush(choice)
+        self._take(choice, *tail)
+        self.end(choice, outcome)
+        return tail
+
     def _take(self, choice: int, reasoning: str, content: str, _calls: Any = None) -> None:
         self.reasonings[choice] += reasoning
         self.texts[choice] += content
@@ -85,7 +99,7 @@ class Reply:
             self.finish[choice] = "length"
             return
         self.finish[choice] = FINISH.get(completion.finish_reason, "stop")
-        if self.calls and self._done_calls(choice) and self.finish[choice] == "stop":
+        if self.calls and self.done_calls(choice) and self.finish[choice] == "stop":
             self.finish[choice] = "tool_calls"
         self.tokens[choice] = completion.tokens
         self.completion_tokens += completion.usage.completion_tokens
@@ -177,11 +191,11 @@ class Reply:
                     "finish_reason": finish}
         return self._body(self._chunk_kind(), [body], usage=False)
 
-    def _done_calls(self, choice: int) -> list[Any]:
+    def done_calls(self, choice: int) -> list[Any]:
         return [c for c in self.calls[choice].calls if c.done] if self.calls else []
 
     def _message(self, choice: int) -> dict[str, Any]:
-        calls = self._done_calls(choice)
+        calls = self.done_calls(choice)
         content = self.texts[choice]
         message: dict[str, Any] = {"role": "assistant",
                                    "content": content.strip() or None if calls else content}
