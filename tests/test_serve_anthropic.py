@@ -98,7 +98,7 @@ def test_a_tool_use_then_its_result_then_a_reply(client: anthropic.Anthropic) ->
     history = [*ASK, {"role": "assistant", "content": [b.model_dump() for b in whole.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                              "content": [{"type": "text", "text": "Sunny, 24 C."}]}]}]
-    reply = client.messages.create(model="smollm2", max_tokens=30, extra_body=GREEDY, messages=history,
+    reply = client.messages.create(model="smollm2", max_tokens=12, extra_body=GREEDY, messages=history,
                                    tools=[WEATHER], tool_choice={"type": "none"})
     assert reply.stop_reason in ("end_turn", "max_tokens") and _text(reply).strip()
     assert not [b for b in reply.content if b.type == "tool_use"]
@@ -112,13 +112,13 @@ def test_thinking_blocks_come_apart_from_the_text(tmp_path) -> None:
                home=tmp_path / "home")
     try:
         client = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0, timeout=120)
-        asked = {"model": "smollm2", "max_tokens": 40, "extra_body": GREEDY,
+        asked = {"model": "smollm2", "max_tokens": 20, "extra_body": GREEDY,
                  "messages": [{"role": "user", "content": "What is 2 + 2?"}],
-                 "thinking": {"type": "enabled", "budget_tokens": 8}}
+                 "thinking": {"type": "enabled", "budget_tokens": 6}}
         whole = client.messages.create(**asked)
         chat = httpx.post(s.url + "/v1/chat/completions", timeout=120, json={
-            "model": "smollm2", "max_tokens": 40, "temperature": 0, "messages": asked["messages"],
-            "think": True, "reasoning_budget": 8}).json()["choices"][0]["message"]
+            "model": "smollm2", "max_tokens": 20, "temperature": 0, "messages": asked["messages"],
+            "think": True, "reasoning_budget": 6}).json()["choices"][0]["message"]
         thinking = [b.thinking for b in whole.content if b.type == "thinking"]
         assert thinking == [chat["reasoning_content"]] and thinking[0].strip()
         assert _text(whole) == chat["content"]
