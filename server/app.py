@@ -1,6 +1,6 @@
-"""The HTTP API: OpenAI's chat and completions endpoints and Anthropic's Messages over the
-engines' continuous batch, with /health, /v1/models and /metrics; the ASGI app, its routes and
-its error bodies.
+"""The HTTP API: OpenAI's chat, completions and Responses endpoints and Anthropic's Messages
+over the engines' continuous batch, with /health, /v1/models and /metrics; the ASGI app, its
+routes and its error bodies.
 
 How a generation runs is in `generation`; `Config` (importable from here) in `config`.
 """
@@ -16,7 +16,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from infer.server import anthropic, anthropic_reply, schema
+from infer.server import anthropic, anthropic_reply, responses, responses_reply, schema
 from infer.server.auth import with_api_key
 from infer.server.config import Config
 from infer.server.errors import ApiError
@@ -25,6 +25,7 @@ from infer.server.incoming import read_body
 from infer.server.metrics import Metrics
 from infer.server.models import ModelPool
 from infer.server.prepare import prompt_tokens
+from infer.server.response_store import ResponseStore
 
 ANTHROPIC = Shape(anthropic_reply.stream, anthropic_reply.whole)
 
@@ -37,6 +38,7 @@ class Api:
         self.metrics = Metrics()
         self.started = int(time.time())
         self.generations = Generations(pool, config, self.metrics)
+        self.stored = ResponseStore()  # OpenAI's Responses API: the responses kept
 
     # -- endpoints -----------------------------------------------------------------------------
 
@@ -75,6 +77,27 @@ class Api:
         count = await asyncio.to_thread(prompt_tokens, served, gen, self.config)
         return JSONResponse({"input_tokens": count})
 
+    async def responses(self, request: HttpRequest) -> Response:
+        """OpenAI's Responses API: translated at the edge (server/responses.py), the response
+        kept in `stored` unless the request says `store: false`."""
+        body = schema.parse_body(await read_body(request))
+        asked = responses.request(body, self.stored)
+        gen = schema.parse_generation(asked.chat, chat=True)
+        return await self.generations.respond(request, gen, responses_reply.shape(asked, self.stored))
+
+    async def stored_response(self, request: HttpRequest) -> Response:
+        response_id = request.path_params["response_id"]
+        found = self.stored.get(response_id)
+        if found is None:
+            raise responses.not_found(response_id)
+        return JSONResponse(found.response)
+
+    async def delete_response(self, request: HttpRequest) -> Response:
+        response_id = request.path_params["response_id"]
+        if not self.stored.delete(response_id):
+            raise responses.not_found(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
 
 def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlette:
     api = Api(pool, config)
@@ -86,6 +109,9 @@ def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlet
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", api.stored_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", api.delete_response, methods=["DELETE"]),
     ]
     handlers = {ApiError: _api_error, 404: _not_found, 405: _not_found}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
