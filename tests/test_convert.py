@@ -228,8 +228,9 @@ def test_quality_check_orders_quants(tmp_path, infer_home):
         reports[quant] = json.loads(r.stdout)["quality"]
         assert np.isfinite(reports[quant]["mean_kl_divergence"])
         assert 0 <= reports[quant]["top1_agreement"] <= 1
-        ran = run_cli("run", Path(json.loads(r.stdout)["path"]).stem, "Hi", "-n", "3")
-        assert ran.returncode == 0, ran.stderr
+        if quant == "Q4_K_M":  # (the file runs by its name)
+            ran = run_cli("run", Path(json.loads(r.stdout)["path"]).stem, "Hi", "-n", "3")
+            assert ran.returncode == 0, ran.stderr
     assert reports["Q8_0"]["mean_kl_divergence"] < reports["Q4_K_M"]["mean_kl_divergence"]
     assert reports["Q8_0"]["bits_per_weight"] > reports["Q4_K_M"]["bits_per_weight"]
     # (without --json the same figures are a table on stderr: tests/test_quantize.py)

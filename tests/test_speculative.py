@@ -435,7 +435,7 @@ def test_the_same_command_gives_the_same_text_on_every_run(smollm2, tmp_path):
     rounding are the same, and so is the text."""
     env = {"INFER_HOME": str(tmp_path / "home")}
     args = ("run", smollm2, "Print this code again, unchanged.", "--temp", "0.7", "--seed", "3",
-            "-n", "96", "--json", "--no-cache", "-t", "2")
+            "-n", "64", "--json", "--no-cache", "-t", "2")
     profiles = tmp_path / "home" / "cache" / "speculation.json"
     first = run_cli(*args, input=CODE, env=env, timeout=300)
     assert first.returncode == 0, first.stderr
@@ -449,14 +449,14 @@ def test_the_same_command_gives_the_same_text_on_every_run(smollm2, tmp_path):
         profile["batch"] = {n: one * (1 + 0.1 * (int(n) - 1)) for n in profile["batch"]}
     profiles.write_text(json.dumps(measured))
     results, kept = [], []
-    for _ in range(3):
+    for _ in range(2):
         r = run_cli(*args, input=CODE, env=env, timeout=300)
         assert r.returncode == 0, r.stderr
         results.append(json.loads(r.stdout))
         kept.append(profiles.read_text())
     assert results[0]["usage"]["accepted_tokens"] > 0  # it did speculate
     assert len({(r["text"], r["usage"]["draft_tokens"], r["usage"]["accepted_tokens"]) for r in results}) == 1
-    assert kept[0] == kept[1] == kept[2] == json.dumps(measured)  # only read, never measured again
+    assert kept[0] == kept[1] == json.dumps(measured)  # only read, never measured again
     (profile,) = json.loads(kept[0]).values()
     assert profile["batch"]["1"] > 0 and profile["draft_step"] is None
     # A profile that cannot be read is measured again; the run does not fail.
