@@ -1,6 +1,6 @@
-"""The HTTP API: OpenAI's chat, completions and Responses endpoints and Anthropic's Messages
-over the engines' continuous batch, with /health, /v1/models and /metrics; the ASGI app, its
-routes and its error bodies.
+"""The HTTP API: OpenAI's chat, completions and Responses endpoints, Anthropic's Messages and
+Ollama's native API over the engines' continuous batch, with /health, /v1/models and
+/metrics; the ASGI app, its routes and its error bodies.
 
 How a generation runs is in `generation`; `Config` (importable from here) in `config`.
 """
@@ -16,7 +16,16 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from infer.server import anthropic, anthropic_reply, responses, responses_reply, schema
+from infer.server import (
+    anthropic,
+    anthropic_reply,
+    ollama,
+    ollama_models,
+    ollama_reply,
+    responses,
+    responses_reply,
+    schema,
+)
 from infer.server.auth import with_api_key
 from infer.server.config import Config
 from infer.server.errors import ApiError
@@ -98,6 +107,40 @@ class Api:
             raise responses.not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
+    async def ollama_chat(self, request: HttpRequest) -> Response:
+        """Ollama's /api/chat and /api/generate: translated at the edge (server/ollama.py)."""
+        body = schema.parse_body(await read_body(request))
+        return await self._ollama(request, "chat", True, ollama.chat_body(body))
+
+    async def ollama_generate(self, request: HttpRequest) -> Response:
+        body = schema.parse_body(await read_body(request))
+        return await self._ollama(request, "generate", *ollama.generate_body(body))
+
+    async def _ollama(self, request: HttpRequest, endpoint: str, chat: bool,
+                      asked: dict[str, Any]) -> Response:
+        """/api/`endpoint`'s request, a chat (the template renders it) or a raw prompt."""
+        gen = schema.parse_generation(asked, chat=chat)
+        shape = ollama_reply.Shape(chat=endpoint == "chat")
+        return await self.generations.respond(request, gen, Shape(shape.stream, shape.whole,
+                                                                  ollama_reply.ndjson_response))
+
+    async def ollama_tags(self, request: HttpRequest) -> Response:
+        return JSONResponse(ollama_models.tags(self.pool, await asyncio.to_thread(self.pool.names)))
+
+    async def ollama_ps(self, request: HttpRequest) -> Response:
+        return JSONResponse(ollama_models.ps(self.pool))
+
+    async def ollama_version(self, request: HttpRequest) -> Response:
+        return JSONResponse(ollama_models.version())
+
+    async def ollama_show(self, request: HttpRequest) -> Response:
+        body = schema.parse_body(await read_body(request))
+        name = body.get("model", body.get("name"))
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "model is required", param="model")
+        served = await self.pool.get(name)
+        return JSONResponse(await asyncio.to_thread(ollama_models.show, served, self.config.chat_template))
+
 
 def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlette:
     api = Api(pool, config)
@@ -109,6 +152,12 @@ def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlet
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
+        Route("/api/chat", api.ollama_chat, methods=["POST"]),
+        Route("/api/generate", api.ollama_generate, methods=["POST"]),
+        Route("/api/tags", api.ollama_tags, methods=["GET"]),
+        Route("/api/ps", api.ollama_ps, methods=["GET"]),
+        Route("/api/show", api.ollama_show, methods=["POST"]),
+        Route("/api/version", api.ollama_version, methods=["GET"]),
         Route("/v1/responses", api.responses, methods=["POST"]),
         Route("/v1/responses/{response_id}", api.stored_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", api.delete_response, methods=["DELETE"]),
@@ -128,6 +177,8 @@ async def _api_error(request: HttpRequest, exc: Exception) -> Response:
 
 def error_body(path: str, error: ApiError) -> dict[str, Any]:
     """An error in the shape of the API the path belongs to."""
+    if path.startswith("/api/"):
+        return ollama.error_body(error)
     return anthropic.error_body(error) if path.startswith("/v1/messages") else error.body()
 
 

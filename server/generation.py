@@ -38,6 +38,7 @@ class Shape(NamedTuple):
 
     stream: Callable[[Reply, Mailbox, int, Gone], AsyncIterator[bytes]]
     whole: Callable[[Reply], dict[str, Any]]
+    streaming: Callable[[AsyncIterator[bytes]], Response] = sse_response  # (the stream's HTTP response)
 
 
 OPENAI = Shape(stream, Reply.whole)
@@ -66,7 +67,7 @@ class Generations:
                       calls=ready.calls)
         gone = functools.partial(self._abandon, reply, mailbox, requests, served)
         if gen.stream:
-            return sse_response(shape.stream(reply, mailbox, len(requests), gone))
+            return shape.streaming(shape.stream(reply, mailbox, len(requests), gone))
         left = await self._collect(http, reply, mailbox, requests, gone)
         return left or JSONResponse(shape.whole(reply))
 
