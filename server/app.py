@@ -19,6 +19,7 @@ from starlette.routing import Route
 from infer.server import (
     anthropic,
     anthropic_reply,
+    infill_reply,
     ollama,
     ollama_models,
     ollama_reply,
@@ -37,6 +38,7 @@ from infer.server.prepare import prompt_tokens
 from infer.server.response_store import ResponseStore
 
 ANTHROPIC = Shape(anthropic_reply.stream, anthropic_reply.whole)
+INFILL = Shape(infill_reply.stream, infill_reply.whole)
 
 __all__ = ["Api", "Config", "create_app"]
 
@@ -107,6 +109,11 @@ class Api:
             raise responses.not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
+    async def infill(self, request: HttpRequest) -> Response:
+        """llama-server's /infill (fill in the middle; `/v1/completions` takes a `suffix` too)."""
+        gen = schema.parse_infill(schema.parse_body(await read_body(request)))
+        return await self.generations.respond(request, gen, INFILL)
+
     async def ollama_chat(self, request: HttpRequest) -> Response:
         """Ollama's /api/chat and /api/generate: translated at the edge (server/ollama.py)."""
         body = schema.parse_body(await read_body(request))
@@ -152,6 +159,7 @@ def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlet
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
+        Route("/infill", api.infill, methods=["POST"]),
         Route("/api/chat", api.ollama_chat, methods=["POST"]),
         Route("/api/generate", api.ollama_generate, methods=["POST"]),
         Route("/api/tags", api.ollama_tags, methods=["GET"]),

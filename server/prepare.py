@@ -46,6 +46,8 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
             tokens = thinking.tokens
             for note in thinking.notes:
                 log.info("%s", note)
+        elif gen.infill is not None:
+            tokens = _infill(served, gen.infill, params.max_tokens)
         elif isinstance(gen.prompt, str):
             tokens = model.tokenize(gen.prompt, add_special=True, parse_special=False)
         else:
@@ -80,6 +82,19 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
                       f"request may use {limit} ({whole})", code="context_length_exceeded")
     variables = thinking.variables if thinking is not None else {}
     return Prepared(tokens, params, _checkpoint(served, gen, tokens, config, variables), thinking, syntax)
+
+
+def _infill(served: Served, infill: schema.Infill, max_tokens: int | None) -> list[int]:
+    """A fill-in-the-middle prompt (runtime/infill.py): a 400 naming the suffix where the model
+    has no FIM tokens."""
+    from infer.runtime.infill import infill_tokens
+
+    try:
+        return infill_tokens(served.model, infill.prefix, infill.suffix, extra=infill.extra,
+                             prompt=infill.prompt, n_batch=served.engine.context.n_batch,
+                             n_ctx=served.engine.slot_cells, n_predict=max_tokens or 0)
+    except InferError as e:
+        raise invalid("suffix", str(e)) from None
 
 
 def render_chat(served: Served, gen: schema.Generation,

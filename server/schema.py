@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from infer.runtime.chat_messages import chat_messages
@@ -24,6 +24,17 @@ MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (
 MAX_N = 16  # choices per request
 MAX_STOP = 16
 MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class Infill:
+    """A fill-in-the-middle request (runtime/infill.py): the text before and after the gap,
+    other files for context (name, text), and what was typed after the prefix so far."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class Generation:
     return_tokens: bool = False  # llama-server's extension: the generated token ids in each choice
     thinking: ThinkingRequest = field(default_factory=ThinkingRequest)  # a thinking model's settings
     tools: ToolRequest = field(default_factory=ToolRequest)  # tools the reply may call
+    infill: Infill | None = None  # fill in the middle (a completion's `suffix`, or llama-server's /infill)
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -68,7 +80,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 # Refused: what infer cannot do. (name -> what it is, for the message)
 _UNSUPPORTED = {
     "audio": "audio output", "prediction": "predicted outputs", "web_search_options": "web search",
-    "suffix": "a suffix (insertion)", "echo": "echoing the prompt",
+    "echo": "echoing the prompt",
 }
 
 # The request parameters a body may set, under their OpenAI and llama-server names
@@ -144,7 +156,35 @@ def _generation(body: dict[str, Any], *, chat: bool) -> Generation:
     if thinking != ThinkingRequest():
         name = next(n for n in _THINKING_NAMES if body.get(n) is not None)
         raise invalid(name, f"{name} applies to chat completions, whose chat template renders the prompt")
-    return Generation(chat=False, prompt=_prompt(body.get("prompt")), **common)
+    prompt = _prompt(body.get("prompt"))
+    suffix = body.get("suffix")
+    if suffix is None:
+        return Generation(chat=False, prompt=prompt, **common)
+    if not isinstance(suffix, str) or not isinstance(prompt, str):
+        raise invalid("suffix", "suffix must be a string, with a prompt that is a string")
+    return Generation(chat=False, prompt=prompt, infill=Infill(prompt, suffix), **common)
+
+
+def parse_infill(body: dict[str, Any]) -> Generation:
+    """llama-server's /infill body: `input_prefix`, `input_suffix`, `input_extra` (files as
+    {"filename", "text"}), `prompt` (typed after the prefix), and a completion's fields."""
+    parts = {}
+    for name in ("input_prefix", "input_suffix", "prompt"):
+        value = body.get(name, "")
+        if not isinstance(value, str):
+            raise invalid(name, f"{name} must be a string")
+        parts[name] = value
+    extra = body.get("input_extra", [])
+    if not isinstance(extra, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("text"), str) and isinstance(c.get("filename", ""), str)
+            for c in extra):
+        raise invalid("input_extra", 'input_extra must be an array of {"filename": string, "text": string}')
+    own = ("input_prefix", "input_suffix", "input_extra", "prompt")
+    rest = {k: v for k, v in body.items() if k not in own}
+    gen = parse_generation({**rest, "prompt": ""}, chat=False)
+    files = tuple((c.get("filename", "tmp") or "tmp", c["text"]) for c in extra)
+    return replace(gen, prompt=parts["input_prefix"],
+                   infill=Infill(parts["input_prefix"], parts["input_suffix"], files, parts["prompt"]))
 
 
 _EFFORT = {"none": "off", "minimal": "low", "low": "low", "medium": "medium", "high": "high"}  # OpenAI's

@@ -38,11 +38,22 @@ def vocab_path(name: str = "llama-bpe") -> Path:
     return fixtures_dir() / "vocab" / f"ggml-vocab-{name}.gguf"
 
 
-def _copy_tokenizer(source: Path, writer: GGUFWriter) -> int:
-    """Copy every ``tokenizer.*`` key of `source` into `writer`; return the vocabulary size."""
+# Qwen 2.5 (Coder)'s fill-in-the-middle tokens, at their ids (the fixture's vocabulary holds
+# padding there); llama.cpp finds them by their text, as in the real models.
+QWEN_FIM = {151659: "<|fim_prefix|>", 151660: "<|fim_middle|>", 151661: "<|fim_suffix|>",
+            151662: "<|fim_pad|>", 151663: "<|repo_name|>", 151664: "<|file_sep|>"}
+
+
+def _copy_tokenizer(source: Path, writer: GGUFWriter, rename: dict[int, str] | None = None) -> int:
+    """Copy every ``tokenizer.*`` key of `source` into `writer` (the tokens of `rename` given
+    those texts, as control tokens); return the vocabulary size."""
     info = check_gguf(source, keep_arrays=True)
     for key, value in info.metadata.items():
         if key.startswith("tokenizer."):
+            if rename and key == "tokenizer.ggml.tokens":
+                value = [rename.get(i, t) for i, t in enumerate(value)]
+            elif rename and key == "tokenizer.ggml.token_type":
+                value = [3 if i in rename else t for i, t in enumerate(value)]  # (3: control)
             vtype, etype = info.value_types[key]
             writer.add_key_value(key, value, GGUFValueType(vtype),
                                  None if etype is None else GGUFValueType(etype))
@@ -64,6 +75,7 @@ def build_llama_gguf(
     sampling: dict[str, float] | None = None,
     f16: bool = False,
     split_max_tensors: int = 0,
+    fim: bool = False,
 ) -> Path:
     """Write a random-weight llama model with a real vocabulary to `out`."""
     arch = MODEL_ARCH.LLAMA
@@ -81,7 +93,7 @@ def build_llama_gguf(
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(LlamaFileType.MOSTLY_F16 if f16 else LlamaFileType.ALL_F32)
-    n_vocab = _copy_tokenizer(vocab_path(vocab), writer)
+    n_vocab = _copy_tokenizer(vocab_path(vocab), writer, QWEN_FIM if fim else None)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for key, value in (sampling or {}).items():

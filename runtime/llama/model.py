@@ -172,6 +172,12 @@ class Model:
             self._eog = [t for t in range(self.n_vocab) if is_eog(vocab, t)]
         return list(self._eog)
 
+    def fim_tokens(self) -> dict[str, int]:
+        """The fill-in-the-middle tokens the vocabulary has (pre, suf, mid, rep, sep; -1: none)."""
+        vocab = self.vocab
+        names = ("pre", "suf", "mid", "rep", "sep")
+        return {name: int(getattr(C, f"llama_vocab_fim_{name}")(vocab)) for name in names}
+
     def is_control(self, token: int) -> bool:
         return bool(C.llama_vocab_get_attr(self.vocab, token) & ATTR_CONTROL)
 
