@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +79,8 @@ def assert_same_or_near_tie(session: Session, prompt: Sequence[int], ours: Seque
 
 
 def assert_same_or_rounding(session: Session, prompt: Sequence[int], ours: Sequence[int],
-                            theirs: Sequence[int], params: SamplingParams, what: str) -> bool:
+                            theirs: Sequence[int], params: SamplingParams, what: str,
+                            layout_noise: float = 0.0) -> bool:
     """Assert that `theirs` (decoded with batches of several tokens: verification steps, or
     steps shared with other sequences) equals `ours` (decoded one token at a time), or that
     where they part the difference is the rounding of batch shapes. True if they agreed or
@@ -94,7 +97,8 @@ def assert_same_or_rounding(session: Session, prompt: Sequence[int], ours: Seque
     batch of its last j tokens (j = 1..MAX_BATCH_TAIL, a verification step). The difference
     is explained if one of them draws `theirs`' token, or if the two tokens' logits are
     closer than twice the largest difference between the logits of one step and of those
-    shapes, or than a near-tie (a unified KV cache's layout, which is not replayed).
+    shapes, or than a near-tie (a unified KV cache's layout, which is not replayed), or than
+    twice `layout_noise`: how far that layout was measured to move the logits (`pool_noise`).
     """
     from infer.runtime.sampling import build_sampler_chain
 
@@ -146,8 +150,34 @@ def assert_same_or_rounding(session: Session, prompt: Sequence[int], ours: Seque
     # sequence in a unified KV cache (a server's pool) attends to its cells among other
     # sequences' (masked), which orders the attention's sums otherwise than alone: that
     # layout is not replayed here, and a near-tie (NEAR_TIE of the top logit) stands for it.
-    floor = NEAR_TIE * float(np.abs(single).max())
+    floor = max(NEAR_TIE * float(np.abs(single).max()), 2 * layout_noise)
     assert gap <= max(2 * noise, floor), (
         f"{what}: token {i} differs ({show(a)} vs {show(b)}), {gap:.3f} apart in the logits, "
         f"while batch shapes and single steps differ by {noise:.3f} there: not explained by rounding")
     return False
+
+
+def pool_noise(path: Path, prompts: Sequence[Sequence[int]], **settings: Any) -> float:
+    """How far the last logits of `prompts` prefilled together in one batch of a unified KV
+    cache (a server's pool, its sequences' cells side by side) are from each one's prefilled
+    alone: the rounding of that layout, which `assert_same_or_rounding` does not replay."""
+    from infer.runtime.llama import Batch, Context, Model
+    from infer.runtime.params import ContextParams
+
+    cparams = ContextParams(n_ctx=2048, n_seq_max=len(prompts), kv_unified=True, **settings)
+    with Model(path) as model, Context(model, cparams) as ctx:
+        batch = Batch(sum(len(p) for p in prompts), len(prompts))
+        last = [0] * len(prompts)
+        for seq, prompt in enumerate(prompts):
+            for pos, token in enumerate(prompt):
+                last[seq] = batch.add(token, pos, seq, pos == len(prompt) - 1)
+        ctx.decode(batch)
+        together = [ctx.logits(i) for i in last]
+        worst = 0.0
+        for seq, prompt in enumerate(prompts):
+            ctx.memory_clear()
+            batch.set_tokens(prompt, start_pos=0)
+            ctx.decode(batch)
+            worst = max(worst, float(np.abs(ctx.logits(len(prompt) - 1) - together[seq]).max()))
+        batch.close()
+    return worst

@@ -208,7 +208,7 @@ CODE = "\n".join(
      for i in range(6)])
 DOC = ("The museum opened in 1911. Its first director was Ada Lind. The east wing burned in "
        "1940 and was rebuilt in 1952. Entry has been free since 1999. ") * 2
-# 20 prompts: the real-model suite's mix plus ones whose replies repeat their input.
+# 18 prompts: the real-model suite's mix plus ones whose replies repeat their input.
 PROMPTS: list[str | list[dict[str, str]]] = [
     "The capital of France is",
     "def fibonacci(n):\n",
@@ -229,8 +229,6 @@ PROMPTS: list[str | list[dict[str, str]]] = [
     [{"role": "user", "content": f"Repeat this text exactly.\n\n{DOC}"}],
     [{"role": "user", "content": "List the days of the week, then list them again."}],
     [{"role": "user", "content": "Write the alphabet twice, separated by commas."}],
-    [{"role": "user", "content": "Translate to French: good morning, good evening, good night."}],
-    [{"role": "user", "content": "Explain what a hash table is."}],
 ]
 N_GEN = 40
 
@@ -509,7 +507,7 @@ def test_each_batched_completion_with_speculation_equals_its_solo_run(parallel, 
         reproduced += assert_same_or_rounding(session, request.tokens, plain[i, mode], done.tokens, params,
                                               f"prompt {i} ({mode}, parallel {parallel})")
     # A seeded draw lands near the edge between two tokens more often than a greedy pick sees a
-    # near-tie: with guesses verified at every match, Session.generate itself keeps 7 of the 20
+    # near-tie: with guesses verified at every match, Session.generate itself kept 7 of 20
     # seeded replies (15 greedy) on one machine, 6 on an AMD EPYC; the scheduler without
     # speculation keeps all 20. Counted here: the same text, or one that parts where a batch
     # shape draws its token.
