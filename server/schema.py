@@ -150,6 +150,11 @@ def _generation(body: dict[str, Any], *, chat: bool) -> Generation:
     if chat:
         return Generation(chat=True, messages=chat_messages(body.get("messages")), thinking=thinking,
                           tools=parse_tools(body), **common)
+    return _completion(body, thinking, common)
+
+
+def _completion(body: dict[str, Any], thinking: ThinkingRequest, common: dict[str, Any]) -> Generation:
+    """A /v1/completions body's own part: its prompt, and a suffix to fill in before."""
     for name in ("tools", "tool_choice"):
         if body.get(name) is not None:
             raise invalid(name, f"{name} applies to chat completions")
