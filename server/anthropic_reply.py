@@ -14,11 +14,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from infer.runtime.request import Delta
 from infer.runtime.tool_stream import ArgumentsPiece, CallStarted
 from infer.server.mailbox import Mailbox
 from infer.server.reply import Reply
-from infer.server.streaming import Gone
+from infer.server.streaming import Gone, OneChoice
 
 _STOP = {"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens", "cancelled": "max_tokens"}
 
@@ -124,26 +123,18 @@ class _Blocks:
 
 
 async def stream(reply: Reply, mailbox: Mailbox, choices: int, gone: Gone) -> AsyncIterator[bytes]:
-    """The events of the reply's one choice as the mailbox receives them; if the client goes
-    away first, `gone` is told (as for OpenAI's stream, `streaming.stream`)."""
-    ended = False
-    taken: list[Any] = []
+    """The events of the reply's one choice as the mailbox receives them."""
     blocks = _Blocks()
-    try:
+    with OneChoice(reply, mailbox, choices, gone) as choice:
         start = {**_head(reply), "content": [], "stop_reason": None, "stop_sequence": None,
                  "usage": _usage(reply, output=False)}
         yield event("message_start", {"type": "message_start", "message": start})
         yield event("ping", {"type": "ping"})
-        while not ended:
-            taken = taken or await mailbox.take()
-            _, item = taken.pop(0)
-            if isinstance(item, Delta):
-                for chunk in blocks.add(*reply.pieces(0, item)):
-                    yield chunk
-                continue
-            ended = True
-            for chunk in blocks.add(*reply.end_pieces(0, item)) + blocks.close():
+        while (pieces := await choice.next()) is not None:
+            for chunk in blocks.add(*pieces):
                 yield chunk
+        for chunk in blocks.close():
+            yield chunk
         if reply.error is not None:
             yield event("error", {"type": "error", "error": {"type": "api_error", "message": reply.error}})
             return
@@ -152,6 +143,3 @@ async def stream(reply: Reply, mailbox: Mailbox, choices: int, gone: Gone) -> As
                                       "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                       "usage": _usage(reply)})
         yield event("message_stop", {"type": "message_stop"})
-    finally:
-        if not ended:  # the client went away
-            gone(choices, taken)

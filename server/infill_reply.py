@@ -9,10 +9,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from infer.runtime.request import Delta
 from infer.server.mailbox import Mailbox
 from infer.server.reply import Reply
-from infer.server.streaming import Gone
+from infer.server.streaming import Gone, OneChoice
 
 _STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "cancelled": "limit"}
 
@@ -38,23 +37,11 @@ def _event(data: dict[str, Any]) -> bytes:
 
 
 async def stream(reply: Reply, mailbox: Mailbox, choices: int, gone: Gone) -> AsyncIterator[bytes]:
-    ended = False
-    taken: list[Any] = []
-    try:
-        while not ended:
-            taken = taken or await mailbox.take()
-            _, item = taken.pop(0)
-            if isinstance(item, Delta):
-                text = reply.pieces(0, item)[1]
-            else:
-                ended = True
-                text = reply.end_pieces(0, item)[1]
-            if text:
-                yield _event({"content": text, "index": 0, "stop": False})
+    with OneChoice(reply, mailbox, choices, gone) as choice:
+        while (pieces := await choice.next()) is not None:
+            if pieces[1]:
+                yield _event({"content": pieces[1], "index": 0, "stop": False})
         if reply.error is not None:
             yield _event({"error": {"code": 500, "message": reply.error, "type": "server_error"}})
             return
         yield _event({"content": "", "index": 0, **_end(reply)})
-    finally:
-        if not ended:
-            gone(choices, taken)

@@ -14,10 +14,9 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from infer.runtime.request import Delta
 from infer.server.mailbox import Mailbox
 from infer.server.reply import Reply
-from infer.server.streaming import Gone
+from infer.server.streaming import Gone, OneChoice
 
 
 def _now() -> str:
@@ -76,17 +75,9 @@ class Shape:
 
 async def _lines(shape: Shape, reply: Reply, mailbox: Mailbox, choices: int,
                  gone: Gone) -> AsyncIterator[bytes]:
-    ended = False
-    taken: list[Any] = []
-    try:
-        while not ended:
-            taken = taken or await mailbox.take()
-            _, item = taken.pop(0)
-            if isinstance(item, Delta):
-                reasoning, content, _ = reply.pieces(0, item)
-            else:
-                ended = True
-                reasoning, content, _ = reply.end_pieces(0, item)
+    with OneChoice(reply, mailbox, choices, gone) as choice:
+        while (pieces := await choice.next()) is not None:
+            reasoning, content, _ = pieces
             if reasoning or content:
                 yield line(shape._piece(reply, content, reasoning))
         if reply.error is not None:
@@ -96,9 +87,6 @@ async def _lines(shape: Shape, reply: Reply, mailbox: Mailbox, choices: int,
         if calls:  # (Ollama sends a reply's calls whole, in one object before the last)
             yield line(shape._piece(reply, "", "", calls))
         yield line({**shape._piece(reply, "", ""), **_end(reply, shape.started)})
-    finally:
-        if not ended:
-            gone(choices, taken)
 
 
 def line(data: dict[str, Any]) -> bytes:

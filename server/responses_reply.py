@@ -21,14 +21,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from infer.runtime.request import Delta
 from infer.runtime.tool_stream import ArgumentsPiece, CallStarted
 from infer.server.generation import Shape
 from infer.server.mailbox import Mailbox
 from infer.server.reply import Reply
 from infer.server.response_store import ResponseStore, Stored
 from infer.server.responses import Asked
-from infer.server.streaming import Gone
+from infer.server.streaming import Gone, OneChoice
 
 
 def shape(asked: Asked, store: ResponseStore) -> Shape:
@@ -208,24 +207,14 @@ class _Items:
 
 async def stream(asked: Asked, store: ResponseStore, reply: Reply, mailbox: Mailbox, choices: int,
                  gone: Gone) -> AsyncIterator[bytes]:
-    """The events of the reply's one choice as the mailbox receives them; if the client goes
-    away first, `gone` is told (as for OpenAI's chat stream, `streaming.stream`)."""
-    ended = False
-    taken: list[Any] = []
+    """The events of the reply's one choice as the mailbox receives them."""
     items = _Items()
-    try:
+    with OneChoice(reply, mailbox, choices, gone) as choice:
         start = _response(asked, reply, [], "in_progress")
         yield items.event("response.created", response=start)
         yield items.event("response.in_progress", response=start)
-        while not ended:
-            taken = taken or await mailbox.take()
-            _, item = taken.pop(0)
-            if isinstance(item, Delta):
-                for chunk in items.add(*reply.pieces(0, item)):
-                    yield chunk
-                continue
-            ended = True
-            for chunk in items.add(*reply.end_pieces(0, item)):
+        while (pieces := await choice.next()) is not None:
+            for chunk in items.add(*pieces):
                 yield chunk
         if reply.error is not None:
             failed = {**_response(asked, reply, items.output, "failed"),
@@ -236,6 +225,3 @@ async def stream(asked: Asked, store: ResponseStore, reply: Reply, mailbox: Mail
         for chunk in items.finish(status):
             yield chunk
         yield items.event(f"response.{status}", response=_finish(asked, store, reply, items.output))
-    finally:
-        if not ended:  # the client went away
-            gone(choices, taken)

@@ -13,6 +13,7 @@ from infer.server.mailbox import Mailbox
 from infer.server.reply import Reply
 
 Gone = Callable[[int, list[tuple[int, Delta | Outcome]]], None]
+Pieces = tuple[str, str, list[Any]]  # reasoning, content, tool-call events (Reply.pieces)
 
 
 def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
@@ -45,6 +46,42 @@ async def stream(reply: Reply, mailbox: Mailbox, choices: int, gone: Gone) -> As
     finally:
         if ended < choices:  # the client went away
             gone(choices - ended, taken)
+
+
+class OneChoice:
+    """The pieces of a reply's one choice as the mailbox receives them, for a front end that
+    streams them in a shape of its own (Anthropic, Responses, Ollama, /infill). Used as a
+    context: leaving it before the choice ended (the client went away) tells `gone`, as
+    `stream` does for OpenAI's chunks.
+
+        with OneChoice(reply, mailbox, choices, gone) as choice:
+            ...  # the stream's opening events
+            while (pieces := await choice.next()) is not None:
+                ...
+    """
+
+    def __init__(self, reply: Reply, mailbox: Mailbox, choices: int, gone: Gone) -> None:
+        self.reply, self.mailbox, self.choices, self.gone = reply, mailbox, choices, gone
+        self.ended = False
+        self.taken: list[tuple[int, Delta | Outcome]] = []  # from the mailbox, not given yet
+
+    async def next(self) -> Pieces | None:
+        """The next delta's pieces, then what the end flushed; None after the end."""
+        if self.ended:
+            return None
+        self.taken = self.taken or await self.mailbox.take()
+        _, item = self.taken.pop(0)
+        if isinstance(item, Delta):
+            return self.reply.pieces(0, item)
+        self.ended = True
+        return self.reply.end_pieces(0, item)
+
+    def __enter__(self) -> OneChoice:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if not self.ended:  # the client went away
+            self.gone(self.choices, self.taken)
 
 
 def sse(data: dict[str, Any]) -> bytes:

@@ -84,6 +84,21 @@ def smollm2() -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory: pytest.TempPathFactory):
+    """`infer serve smollm2` with Qwen 3's template (tools and thinking), two slots, for the API
+    front ends' tests (chat tools, Anthropic, Responses, Ollama). One per test module: greedy
+    replies compared within a module must not depend on what other modules left in the cache
+    (the pool's layout moves the rounding, real_model.pool_noise)."""
+    from serve_helpers import Server
+
+    template = fixtures_dir() / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
+    s = Server("smollm2", "-np", "2", "--chat-template-file", str(template), "--spec-type", "none",
+               home=tmp_path_factory.mktemp("qwen3-server-home"))
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
 @pytest.fixture(scope="session")
 def repack_memo(tmp_path_factory: pytest.TempPathFactory) -> bytes | None:
     """What infer remembers of its one-time repacking check (runtime/repack.py), found once

@@ -16,7 +16,6 @@ import jsonschema
 import openai
 import pytest
 from serve_helpers import Server
-from tiny_model import fixtures_dir
 
 from infer.runtime.tool_stream import ArgumentsPiece, CallStarted
 from infer.server.errors import ApiError
@@ -24,19 +23,15 @@ from infer.server.response_store import ResponseStore, Stored
 from infer.server.responses import request
 from infer.server.responses_reply import _Items
 
-QWEN3 = fixtures_dir() / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.", "strict": True,
            "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
                           "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}}}}
 BRIEF, ASK = "Answer with one word.", "Say yes."  # (the embedded model answers "Yes." and stops)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Server:
-    s = Server("smollm2", "-np", "2", "--chat-template-file", str(QWEN3), "--spec-type", "none",
-               home=tmp_path_factory.mktemp("home"))
-    yield s
-    assert s.stop() == 0, "".join(s.log)
+@pytest.fixture
+def server(qwen3_server: Server) -> Server:
+    return qwen3_server
 
 
 @pytest.fixture

@@ -13,9 +13,7 @@ import openai
 import pytest
 from conftest import run_cli
 from serve_helpers import Server
-from tiny_model import fixtures_dir
 
-QWEN3 = fixtures_dir() / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
                                       "parameters": {"type": "object", "required": ["city"], "properties": {
@@ -28,12 +26,9 @@ TOOLS = [
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Server:
-    s = Server("smollm2", "-np", "2", "--chat-template-file", str(QWEN3), "--spec-type", "none",
-               home=tmp_path_factory.mktemp("home"))
-    yield s
-    assert s.stop() == 0, "".join(s.log)
+@pytest.fixture
+def server(qwen3_server: Server) -> Server:
+    return qwen3_server
 
 
 @pytest.fixture
