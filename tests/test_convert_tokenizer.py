@@ -17,13 +17,12 @@ from typing import Any
 
 import gguf
 import pytest
+import tokenizers
 from tiny_model import tokenizer_dir
 
 from infer.quant.convert.tokenizer import Vocab, VocabInfo, add_vocab, load_vocab
 from infer.runtime.errors import ModelError
 from infer.runtime.llama import C, Model
-
-tokenizers = pytest.importorskip("tokenizers")
 
 # fixture folder -> (llama.cpp test vectors, GGUF tokenizer model, pre-tokenizer)
 FAMILIES = {
