@@ -8,7 +8,6 @@ defaults, in ``SamplingParams.resolve``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -16,7 +15,8 @@ from dataclasses import field, make_dataclass, replace
 from typing import Any
 
 from infer.runtime.errors import UsageError
-from infer.runtime.llama import Model, SamplerChain, SamplerSpec, load_bindings_module
+from infer.runtime.json_schema import json_schema_to_grammar
+from infer.runtime.llama import Model, SamplerChain, SamplerSpec
 from infer.runtime.request_params import SAMPLING, logit_bias_error, out_of_range, parse_logit_bias
 
 __all__ = ["SamplingParams", "build_sampler_chain", "json_schema_to_grammar", "model_sampling_defaults",
@@ -106,57 +106,6 @@ def _validate(p: Any) -> None:
     for token, bias in p.logit_bias:
         _refuse(logit_bias_error(token))
         _check(not math.isnan(bias), "logit bias must be a number")
-
-
-# Validation keywords that llama-cpp-python's schema converter ignores: a grammar built
-# without them could let through output that fails the schema, so they are refused.
-UNSUPPORTED_SCHEMA_KEYWORDS = frozenset({
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "minProperties", "maxProperties", "uniqueItems", "patternProperties", "not",
-    "if", "then", "else", "dependentRequired", "dependentSchemas", "contains",
-    "minContains", "maxContains", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
-})
-# Keywords whose values are data, not subschemas: never searched for keywords.
-_SCHEMA_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required"})
-
-
-def unsupported_keywords(node: Any, where: str = "") -> list[str]:
-    found: list[str] = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            here = f"{where}.{key}" if where else key
-            if key in UNSUPPORTED_SCHEMA_KEYWORDS and where.rsplit(".", 1)[-1] != "properties":
-                found.append(here)
-            elif key not in _SCHEMA_DATA_KEYWORDS:
-                found += unsupported_keywords(value, here)
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            found += unsupported_keywords(value, f"{where}[{i}]")
-    return found
-
-
-def json_schema_to_grammar(schema_text: str) -> str:
-    """Convert a JSON schema to a GBNF grammar with llama.cpp's converter."""
-    try:
-        schema = json.loads(schema_text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"the JSON schema is not valid JSON: {e}") from None
-    if not isinstance(schema, (dict, bool)):
-        raise UsageError("the JSON schema must be a JSON object")
-    unsupported = unsupported_keywords(schema)
-    if unsupported:
-        raise UsageError(
-            f"unsupported JSON schema keyword(s) {', '.join(unsupported)}: "
-            "the output could not be guaranteed to validate"
-        )
-    converter = load_bindings_module("llama_grammar")
-    try:
-        grammar = str(converter.json_schema_to_gbnf(json.dumps(schema)))
-    except Exception as e:  # the converter raises bare exceptions for unsupported schemas
-        raise UsageError(f"unsupported JSON schema: {e}") from None
-    # The Python port lets raw control characters into strings, which JSON forbids
-    # (llama.cpp's C++ converter excludes them); exclude them here too.
-    return grammar.replace('char ::= [^"\\\\]', 'char ::= [^"\\\\\\x7F\\x00-\\x1F]')
 
 
 def model_sampling_defaults(meta: Callable[[str], str | None]) -> dict[str, Any]:

@@ -161,17 +161,30 @@ def render(source: str, messages: Sequence[Message], *, bos_token: str = "", eos
     """Render `messages` with the template `source` (and its own `variables`, such as
     `enable_thinking`: llama-server's chat_template_kwargs).
 
-    If the template refuses a system message, the system prompt is merged into
-    the first user message and rendering is tried once more.
+    System messages after the first place (agents send them mid-conversation: Claude Code
+    does) stay where they are if the template renders them there; where it refuses or drops
+    them, they are joined into the system prompt. If the template refuses a system message at
+    all, the system prompt is merged into the first user message and rendering tried again.
     """
     template = _compile(source)
+    args = (bos_token, eos_token, add_generation_prompt, variables or {})
+    folded = fold_later_system(messages)
+    if folded is not None:
+        try:
+            text = _render(template, messages, *args)
+            later = [str(m.get("content") or "").strip() for m in messages[1:] if m.get("role") == "system"]
+            if all(t in text for t in later):
+                return text
+        except _TemplateRaised:
+            pass
+        messages = folded
     try:
-        return _render(template, messages, bos_token, eos_token, add_generation_prompt, variables or {})
+        return _render(template, messages, *args)
     except _TemplateRaised:
         merged = merge_system_into_user(messages)
         if merged is None:
             raise
-        return _render(template, merged, bos_token, eos_token, add_generation_prompt, variables or {})
+        return _render(template, merged, *args)
 
 
 def _render(template: jinja2.Template, messages: Sequence[Message], bos_token: str,
@@ -198,6 +211,18 @@ def _render(template: jinja2.Template, messages: Sequence[Message], bos_token: s
         raise TemplateError("the chat template recursed too deeply") from None
     finally:
         _GIVEN.reset(token)
+
+
+def fold_later_system(messages: Sequence[Message]) -> list[Message] | None:
+    """The conversation with its system messages after the first place joined, in order, into
+    one system prompt first; None if it has none there."""
+    later = [m for m in messages[1:] if m.get("role") == "system"]
+    if not later:
+        return None
+    first = [messages[0]] if messages[0].get("role") == "system" else []
+    system = "\n\n".join(str(m.get("content") or "") for m in first + later)
+    rest = [m for m in messages[len(first):] if m.get("role") != "system"]
+    return [{"role": "system", "content": system}, *rest]
 
 
 def merge_system_into_user(messages: Sequence[Message]) -> list[Message] | None:

@@ -166,12 +166,15 @@ def _opening(syntax: ToolSyntax) -> str:
     return re.escape(syntax.trigger)
 
 
-def _schema_rule(converter: Any, schema: Any, rule: str) -> str:
-    from infer.runtime.sampling import unsupported_keywords
+def _schema_rule(converter: Any, schema: Any, rule: str, strict: bool) -> str:
+    """The rule of arguments that follow `schema`. Keywords no grammar here enforces (numeric
+    bounds, `not`...) refuse a `strict` tool's call and are left to the model otherwise."""
+    from infer.runtime.json_schema import unsupported_keywords, with_any_values, without_unsupported_keywords
 
     unsupported = unsupported_keywords(schema)
-    if unsupported:
-        raise UsageError(f"unsupported JSON schema keyword(s) {', '.join(unsupported)}")
+    if unsupported and strict:
+        raise UsageError(f"unsupported JSON schema keyword(s) {', '.join(unsupported)} in a strict tool")
+    schema = with_any_values(without_unsupported_keywords(schema))
     return str(converter.visit(converter.resolve_refs(schema, "tools"), rule))
 
 
@@ -185,9 +188,9 @@ def _call_body(converter: Any, rules: dict[str, str], syntax: ToolSyntax, i: int
     schema = fn.get("parameters") or {"type": "object", "properties": {}}
     rule, named = f"call-{i}{suffix}", _seq(literal(fn["name"]), literal(syntax.name_close))
     if syntax.pairs is not None:
-        rules[rule] = _seq(named, _pairs(converter, rules, syntax.pairs, i, schema))
+        rules[rule] = _seq(named, _pairs(converter, rules, syntax.pairs, i, schema, fn.get("strict") is True))
         return rule
-    args = _schema_rule(converter, schema, f"tool-{i}-arguments")
+    args = _schema_rule(converter, schema, f"tool-{i}-arguments", fn.get("strict") is True)
     if syntax.json_keys is None:
         rules[rule] = _seq(named, args)
         return rule
@@ -214,13 +217,14 @@ def _extra(value: Any) -> str:
     return literal(json.dumps(value))
 
 
-def _pairs(converter: Any, rules: dict[str, str], pairs: Pairs, i: int, schema: Mapping[str, Any]) -> str:
+def _pairs(converter: Any, rules: dict[str, str], pairs: Pairs, i: int, schema: Mapping[str, Any],
+           strict: bool) -> str:
     """The arguments as keys and values: the required ones, then any of the others, in the
     schema's order."""
     props = schema.get("properties") or {}
     required = [k for k in props if k in (schema.get("required") or ())]
     optional = [k for k in props if k not in required]
-    items = {key: _pair(converter, rules, pairs, i, key, props[key]) for key in props}
+    items = {key: _pair(converter, rules, pairs, i, key, props[key], strict) for key in props}
     sep = literal(pairs.sep) if pairs.sep else ""
 
     def after(keys: list[str]) -> list[str]:  # (each of `keys` or none, each after a separator)
@@ -234,13 +238,14 @@ def _pairs(converter: Any, rules: dict[str, str], pairs: Pairs, i: int, schema: 
     return "(" + " | ".join(ways) + ")?"
 
 
-def _pair(converter: Any, rules: dict[str, str], pairs: Pairs, i: int, key: str, schema: Any) -> str:
+def _pair(converter: Any, rules: dict[str, str], pairs: Pairs, i: int, key: str, schema: Any,
+          strict: bool) -> str:
     kind = "string" if isinstance(schema, dict) and schema.get("type") == "string" else "other"
     rule = f"tool-{i}-value-{len(rules)}"
     if kind == "string":
         rules[rule] = _raw_string(schema, pairs.after_value["string"].strip())
     else:
-        rule = _schema_rule(converter, schema if isinstance(schema, dict) else {}, rule)
+        rule = _schema_rule(converter, schema if isinstance(schema, dict) else {}, rule, strict)
     return _seq(literal(pairs.before_key), literal(key), literal(pairs.after_key[kind]), rule,
                 literal(pairs.after_value[kind]))
 

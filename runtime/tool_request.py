@@ -82,7 +82,7 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...]:
             raise FieldError(f"{where}.function.description",
                              f"{where}.function.description must be a string")
         function = {"name": fn["name"], **({"description": description} if description else {}),
-                    "parameters": params}
+                    "parameters": params, **({"strict": True} if fn.get("strict") is True else {})}
         out.append({"type": "function", "function": function})
     return tuple(out)
 

@@ -3,7 +3,9 @@ request the rest of the server already serves (OpenAI's form, checked by `schema
 errors take Anthropic's shape. The reply's shapes are in `anthropic_reply`.
 
 What maps to what:
-- `system` (a string or text blocks) -> a system message first;
+- `system` (a string or text blocks) -> a system message first; `role: "system"` messages
+  (which Claude Code sends mid-conversation) -> system messages in their place (joined into
+  the system prompt where the template takes none there: `template.render`);
 - `messages`: text blocks joined; an assistant's `thinking` block -> its reasoning, its
   `tool_use` blocks -> tool calls (`input` as the arguments); a user's `tool_result` blocks ->
   `role: "tool"` messages (before the user's text, in their order); images and documents are
@@ -92,14 +94,14 @@ def _output_config(value: Any) -> dict[str, Any]:
     return out
 
 
-def _system(value: Any) -> list[dict[str, Any]]:
+def _system(value: Any, where: str = "system") -> list[dict[str, Any]]:
     if value is None or value == "" or value == []:
         return []
     if isinstance(value, str):
         return [{"role": "system", "content": value}]
     if isinstance(value, list):
-        return [{"role": "system", "content": "\n\n".join(_texts(value, "system"))}]
-    raise invalid("system", "system must be a string or an array of text blocks")
+        return [{"role": "system", "content": "\n\n".join(_texts(value, where))}]
+    raise invalid(where, f"{where} must be a string or an array of text blocks")
 
 
 def _texts(blocks: list[Any], where: str) -> list[str]:
@@ -119,15 +121,19 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(value):
         where = f"messages.{i}"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise invalid(f"{where}.role", f"{where}: a message must have role user or assistant")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise invalid(f"{where}.role", f"{where}: a message must have role user, assistant or system")
         content = m.get("content")
-        if isinstance(content, str):
+        if m["role"] == "system":  # (Claude Code sends these after the first turn)
+            out += _system(content, f"{where}.content")
+        elif isinstance(content, str):
             out.append({"role": m["role"], "content": content})
         elif isinstance(content, list):
             out += _blocks(m["role"], content, f"{where}.content")
         else:
             raise invalid(f"{where}.content", f"{where}.content must be a string or an array of blocks")
+    if all(m["role"] == "system" for m in out):
+        raise invalid("messages", "messages must hold a user or assistant message")
     return out
 
 
@@ -205,6 +211,8 @@ def _tools(tools: Any, choice: Any) -> dict[str, Any]:
                                "infer serve (give client tools: name, description, input_schema)",
                                param=at, code="unsupported_parameter")
             function = {"name": tool["name"], "parameters": tool.get("input_schema", {"type": "object"})}
+            if tool.get("strict") is True:
+                function["strict"] = True
             if isinstance(tool.get("description"), str):
                 function["description"] = tool["description"]
             functions.append({"type": "function", "function": function})

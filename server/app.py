@@ -8,6 +8,7 @@ How a generation runs is in `generation`; `Config` (importable from here) in `co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -79,6 +80,7 @@ class Api:
         """Anthropic's Messages API: translated at the edge (server/anthropic.py)."""
         body = schema.parse_body(await read_body(request))
         gen = schema.parse_generation(anthropic.chat_body(body), chat=True)
+        gen = dataclasses.replace(gen, max_tokens_caps=True)
         return await self.generations.respond(request, gen, ANTHROPIC)
 
     async def count_tokens(self, request: HttpRequest) -> Response:

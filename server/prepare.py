@@ -4,6 +4,7 @@ can be seen before the engine starts is a 400 here, before a stream starts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from infer.runtime.errors import InferError
@@ -72,6 +73,10 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
     if not tokens:
         raise invalid("prompt" if not gen.chat else "messages", "the prompt is empty")
     problem = served.engine.fit_error(len(tokens), params.max_tokens)
+    room = served.engine.slot_cells - len(tokens)
+    if problem is not None and gen.max_tokens_caps and room > 0:
+        params = replace(params, max_tokens=room)  # (the reply ends with the context: "max_tokens")
+        problem = served.engine.fit_error(len(tokens), params.max_tokens)
     if problem is not None:
         limit, n_ctx = served.engine.slot_cells, served.engine.context.n_ctx
         whole = f"the context of {n_ctx} tokens" if limit == n_ctx else \

@@ -231,6 +231,8 @@ def _tools(value: Any) -> dict[str, Any]:
         if not isinstance(tool.get("name"), str):
             raise invalid(f"{at}.name", f"{at}.name must be a string")
         function = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
+        if tool.get("strict") is True:
+            function["strict"] = True
         if tool.get("description") is not None:
             function["description"] = tool["description"]
         functions.append({"type": "function", "function": function})

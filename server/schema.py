@@ -54,6 +54,9 @@ class Generation:
     thinking: ThinkingRequest = field(default_factory=ThinkingRequest)  # a thinking model's settings
     tools: ToolRequest = field(default_factory=ToolRequest)  # tools the reply may call
     infill: Infill | None = None  # fill in the middle (a completion's `suffix`, or llama-server's /infill)
+    # max_tokens only caps the reply, which may end where the context does (Anthropic's clients
+    # send one far above a local model's context: Claude Code's 32,000); else it must fit
+    max_tokens_caps: bool = False
 
     @property
     def overrides(self) -> dict[str, Any]:

@@ -80,6 +80,18 @@ def test_a_stop_sequence_is_named_as_the_reason(client: anthropic.Anthropic) -> 
     assert _text(ended) == free[:free.index(stop)]
 
 
+def test_max_tokens_above_the_context_caps_the_reply(server: Server, client: anthropic.Anthropic) -> None:
+    """Anthropic's clients send a max_tokens far above a local model's context (Claude Code:
+    32,000): it caps the reply, which ends with the context at the latest, where OpenAI's
+    chat API (whose max_tokens must fit, as OpenAI's does) refuses the same request."""
+    ask = [{"role": "user", "content": "Say yes."}]
+    reply = client.messages.create(model="smollm2", max_tokens=1_000_000, messages=ask, extra_body=GREEDY)
+    assert reply.stop_reason == "end_turn" and _text(reply).strip(), reply
+    r = httpx.post(server.url + "/v1/chat/completions", headers={"x-api-key": KEY}, timeout=60,
+                   json={"model": "smollm2", "max_tokens": 1_000_000, "messages": ask})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
 def test_a_tool_use_then_its_result_then_a_reply(client: anthropic.Anthropic) -> None:
     asked = {"model": "smollm2", "max_tokens": 60, "extra_body": GREEDY, "messages": ASK, "tools": [WEATHER],
              "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}
@@ -135,7 +147,11 @@ def test_thinking_blocks_come_apart_from_the_text(tmp_path) -> None:
 HOSTILE = [
     ({"model": "smollm2", "messages": ASK}, 400, "max_tokens"),
     ({"model": "smollm2", "max_tokens": 8, "messages": []}, 400, "messages"),
-    ({"model": "smollm2", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, 400, "role"),
+    ({"model": "smollm2", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, 400,
+     "a user or assistant message"),
+    ({"model": "smollm2", "max_tokens": 8, "messages": [{"role": "bot", "content": "x"}]}, 400, "role"),
+    ({"model": "smollm2", "max_tokens": 8, "messages": [*ASK, {"role": "system", "content": 3}]}, 400,
+     "messages.1.content"),
     ({"model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
      400, "image block is not supported"),

@@ -43,6 +43,27 @@ def test_template_without_system_role_gets_it_merged():
     assert text == "[user] You are a terse assistant.\n\nWhat is the capital of France?\n"
 
 
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.stem)
+def test_a_system_message_mid_conversation_reaches_the_prompt(path):
+    """Agents send system messages after the first place (Claude Code: a user turn, then a
+    system one); where a template refuses that, they join the system prompt."""
+    later = [*CONVERSATION[:2], {"role": "system", "content": "Answer in French."},
+             *CONVERSATION[2:], {"role": "system", "content": "Be brief."}]
+    text = render(path.read_text(), later, bos_token="<s>", eos_token="</s>")
+    for m in later:
+        assert m["content"] in text, (m, text)
+
+
+def test_later_system_messages_join_the_system_prompt_where_the_template_refuses_them():
+    source = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+              "{{ raise_exception('System message must be first') }}{% endif %}"
+              "[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+    text = render(source, [CONVERSATION[1], {"role": "system", "content": "Be brief."}])
+    assert text == "[system] Be brief.\n[user] What is the capital of France?\n"
+    text = render(source, [*CONVERSATION[:2], {"role": "system", "content": "Be brief."}])
+    assert text == "[system] You are a terse assistant.\n\nBe brief.\n[user] What is the capital of France?\n"
+
+
 @pytest.mark.parametrize("source", [
     "{{ messages.__class__ }}",
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",

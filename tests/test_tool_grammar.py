@@ -241,3 +241,36 @@ def test_the_grammar_converter_loads_whole_for_threads_asking_together() -> None
     for _ in range(3):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and r.stdout.strip() == "0", r.stdout + r.stderr
+
+
+def test_a_tool_with_numeric_bounds_is_called_unless_it_is_strict(session: Session) -> None:
+    """Agents' tools carry keywords no grammar here enforces (Claude Code's Read tool: `minimum`,
+    `exclusiveMinimum`, `maximum`): a tool that is not `strict` is called with arguments held
+    to the rest of its schema (the bounds are the model's to keep, as OpenAI's and Anthropic's
+    APIs treat a schema that is not strict); a `strict` one is refused, naming the keyword. So
+    is a length far above what a grammar holds (its Workflow tool's `maxLength` of 524,288). A
+    property whose schema has only a description takes any value (its Workflow tool's `args`)."""
+    from infer.runtime.errors import UsageError
+    from infer.runtime.json_schema import without_unsupported_keywords
+
+    read = _tool("read", path="string", offset="integer", limit="integer")
+    params = read["function"]["parameters"]
+    params["required"] = ["path"]
+    params["properties"]["offset"]["minimum"] = 0
+    params["properties"]["limit"].update(exclusiveMinimum=0, maximum=2000)
+    params["properties"]["note"] = {"description": "Anything to remember."}
+    params["properties"]["path"]["maxLength"] = 524288  # (written out in full, it would crash llama.cpp)
+    syntax = learn(_template("Qwen-Qwen3-0.6B"), bos_token="<s>", eos_token="</s>")
+    grammar = calls_grammar(syntax, [read], parallel=False)
+    prompt = session.model.tokenize("<|im_start|>user\nRead lines 10 to 20 of notes.txt<|im_end|>\n"
+                                    "<|im_start|>assistant\n", add_special=False, parse_special=True)
+    done = _generate(session, prompt, SamplingParams(temperature=0, grammar=grammar, max_tokens=100))[-1]
+    assert done.finish_reason == "eos", done.text
+    stream = ToolCallStream(syntax, [read])
+    stream.feed(done.text)
+    stream.finish()
+    (call,) = stream.calls
+    jsonschema.validate(json.loads(call.arguments), without_unsupported_keywords(params))
+    strict = {"type": "function", "function": {**read["function"], "strict": True}}
+    with pytest.raises(UsageError, match="minimum"):
+        calls_grammar(syntax, [strict], parallel=False)
