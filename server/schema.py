@@ -15,6 +15,7 @@ from typing import Any
 
 from infer.runtime.chat_messages import chat_messages
 from infer.runtime.errors import FieldError
+from infer.runtime.json_schema import unsupported_keywords
 from infer.runtime.request_params import PARAMS, SAMPLING, Param, out_of_range
 from infer.runtime.thinking_prompt import ThinkingRequest
 from infer.runtime.tool_request import ToolRequest, parse_tools
@@ -342,6 +343,10 @@ def _response_format(body: dict[str, Any]) -> str | None:
         schema = spec.get("schema", {})
         if not isinstance(schema, (dict, bool)):
             raise invalid("response_format.json_schema.schema", "the schema must be a JSON object")
+        unsupported = unsupported_keywords(schema)
+        if unsupported:
+            raise invalid("response_format.json_schema.schema", f"unsupported JSON schema keyword(s) "
+                          f"{', '.join(unsupported)}: the reply could not be held to the schema")
         return json.dumps(schema)
     raise invalid("response_format.type", f"response_format.type {kind!r} is not text, json_object or "
                   "json_schema")

@@ -239,6 +239,12 @@ HOSTILE = [
      b'{"name": "f", "strict": true, "parameters": {"type": "object", "properties": {"a": {"not": {}}}}}}]}',
      400, "tools"),
     (b'{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= ("}', 400, "grammar"),
+    # (nested deeper than llama.cpp's parser survives: it crashed the server)
+    (b'{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= ' + b"(" * 30000 + b'\\"a\\"'
+     + b")" * 30000 + b'"}', 400, "grammar"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
+     b'"json_schema": {"name": "x", "schema": {"type": "string", "maxLength": 524288}}}}', 400,
+     "response_format.json_schema.schema"),
     (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
      b'"json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}',
      400, None),

@@ -208,6 +208,41 @@ class _Candidates:
         return a
 
 
+# How deep a grammar's parenthesised groups may nest: llama.cpp's parser takes one stack frame
+# per level and crashes the process (SIGSEGV) at some 30,000 on an 8 MiB stack; 10,000 was
+# measured to parse. Schemas' lengths of up to json_schema.MAX_REPEAT nest that deep.
+MAX_GRAMMAR_NESTING = 4000
+
+
+def _nesting(grammar: str) -> int:
+    """The deepest nesting of ( ) groups in GBNF text, outside literals, classes and comments."""
+    depth = deepest = 0
+    quote: str | None = None  # the closing character of the literal or class we are in
+    escaped = comment = False
+    for ch in grammar:
+        if comment:
+            comment = ch != "\n"
+        elif quote is not None:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch == '"':
+            quote = '"'
+        elif ch == "[":
+            quote = "]"
+        elif ch == "#":
+            comment = True
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+    return deepest
+
+
 def _make_sampler(model: Model, spec: SamplerSpec) -> Any:
     kind, args = spec
     if kind in _PLAIN_SAMPLERS:
@@ -229,6 +264,9 @@ def _make_sampler(model: Model, spec: SamplerSpec) -> Any:
                                         arr_b, len(encoded))
     elif kind == "grammar":  # (GBNF text[, the name of its root rule])
         grammar, root = (*args, "root")[:2]
+        depth = _nesting(grammar)
+        if depth > MAX_GRAMMAR_NESTING:  # (llama.cpp's parser recurses per group: the stack overflows)
+            raise UsageError(f"invalid grammar: groups nested {depth} deep (at most {MAX_GRAMMAR_NESTING})")
         with native_stderr_captured() as said:  # the parser reports errors on fd 2
             smpl = C.llama_sampler_init_grammar(model.vocab, grammar.encode("utf-8"), root.encode())
         detail = " ".join(said.text.split())
