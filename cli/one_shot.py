@@ -72,6 +72,8 @@ def execute(flags: Mapping[str, Any]) -> None:
     if model is None:
         raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT]); "
                          "see 'infer run --help'")
+    if where is not None and (flags.get("image") or flags.get("audio")):
+        raise UsageError("--image and --audio are read here, not through a server (INFER_SERVER): unset it")
     if where is not None:  # the model is loaded there: send the request, print the same
         from infer.cli.plain_args import defaults
 
@@ -90,11 +92,12 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
     resolved = resolve({**flags, "model": model})
     entry = resolved.entry  # an alias's defaults apply unless a flag says otherwise
     plan = load_plan(flags, resolved)
-    placed = plan.placed
     if flags["explain"]:
-        explain(placed, resolved.reference)
+        explain(plan.placed, resolved.reference)
         return
-    text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
+    from infer.cli.run_media import projector_for, prompt_and_media, with_media
+
+    text, asked, media = prompt_and_media(flags, prompt_arg)  # (files checked before the model loads)
     system = flags["system"]
     if entry and entry.system and system is None and not flags["raw"] and record is None:
         system = entry.system
@@ -106,15 +109,15 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
     from infer.runtime.template import use_compiled_cache
 
     use_compiled_cache(template_cache_dir())
-    cache = None if flags["no_cache"] else open_cache()
+    cache = None if flags["no_cache"] or media else open_cache()  # (no media in the prompt cache yet)
 
     from infer.cli.speculation import attach
 
-    with loaded() as session:
-        attach(flags, session, placed)
+    with loaded() as session, projector_for(flags, session, media) as projector:
+        attach(flags, session, plan.placed)
         if flags["verbose"]:
-            report(placed, session.model)
-        preamble, plan = 0, None
+            report(plan.placed, session.model)
+        preamble, thinking, media_prompt = 0, None, None
         if flags["raw"]:
             if not text:
                 raise UsageError("the prompt is empty")
@@ -122,8 +125,10 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
             tokens = prompt.tokens
         else:
             record = _ask(record, resolved.reference, system, text)
-            prompt, tokens, plan, preamble = _chat_prompt(flags, session.model, record.messages, template,
+            prompt, tokens, thinking, preamble = _chat_prompt(flags, session.model, record.messages, template,
                                                           cached=cache is not None, tools=tools)
+        if projector is not None:
+            tokens, media_prompt = with_media(projector, session.model, prompt, tokens, media, record, asked)
         if flags["show_prompt"]:
             _write(prompt.text if prompt.text.endswith("\n") else prompt.text + "\n")
             return
@@ -134,7 +139,8 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
         if tools is not None and tools.active:
             params, reply = _calling(session.model, template, tools, params, reply)
         completion = _generate_cached(session, tokens, params, cache, name=resolved.reference,
-                                      preamble=preamble, continuing=continuing, reply=reply, thinking=plan)
+                                      preamble=preamble, continuing=continuing, reply=reply,
+                                      thinking=thinking, media_prompt=media_prompt)
     resolved.record_use()
     _report(flags, resolved.reference, completion, record, reply)
 
@@ -242,7 +248,7 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
 
 
 def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *, name: str, preamble: int,
-                     continuing: bool, reply: _Reply, thinking: Any = None) -> Any:
+                     continuing: bool, reply: _Reply, thinking: Any = None, media_prompt: Any = None) -> Any:
     """Generate through the prompt cache (None: without it).
 
     The cached state sharing the longest prefix is loaded first; states are saved
@@ -252,7 +258,8 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
 
     requested = time.perf_counter()  # time to first token counts the loading of a cached state
     if cache is None:
-        return _generate(session, tokens, params, reply, started=requested, thinking=thinking)
+        return _generate(session, tokens, params, reply, started=requested, thinking=thinking,
+                         media_prompt=media_prompt)
     session.check_fits(len(tokens), params.max_tokens)
     # A continued conversation's own state is worth loading however short it is.
     cache.restore(session, tokens, min_tokens=1 if continuing else None)

@@ -198,3 +198,22 @@ def thinking_options() -> tuple[tuple[str, Any, Any], ...]:
             ("hide_thinking", Annotated[bool, typer.Option(
                 "--hide-thinking", help="No reasoning on stderr, also on a terminal (--json still has it).",
                 rich_help_panel=THINKING)], False))
+
+
+MEDIA = "Images and audio"
+
+
+def media_options() -> tuple[tuple[str, Any, Any], ...]:
+    """--image, --audio and --mmproj: media in the prompt, read by the model's projector."""
+    return (
+        ("image", Annotated[list[str] | None, typer.Option(
+            "--image", help="An image file (PNG, JPEG, WebP, GIF, BMP) for the prompt; '-' reads it from "
+            "stdin. Again for more. It goes where the prompt says <__media__>, else before the text.",
+            rich_help_panel=MEDIA, show_default=False, metavar="PATH")], None),
+        ("audio", Annotated[list[str] | None, typer.Option(
+            "--audio", help="An audio file (WAV, MP3, FLAC) for the prompt, as --image.",
+            rich_help_panel=MEDIA, show_default=False, metavar="PATH")], None),
+        ("mmproj", Annotated[str | None, typer.Option(
+            "--mmproj", help="The model's multimodal projector (an mmproj-*.gguf file), which reads "
+            "the images and audio.", rich_help_panel=MEDIA, show_default=False, metavar="FILE")], None),
+    )

@@ -35,6 +35,7 @@ from infer.cli.errors import shielded
     o.SERVER,
     *o.thinking_options(),
     *o.tool_options(),
+    *o.media_options(),
 )
 def run(ctx: typer.Context, **flags: Any) -> None:
     """Generate a reply to PROMPT and stream it to stdout."""

@@ -41,6 +41,11 @@ class ContextOverflowError(UsageError):
         )
 
 
+class MediaError(UsageError):
+    """An image or audio file infer cannot take: unreadable, corrupt, of a kind the model's
+    projector does not decode, too large, or given to a model without a projector (exit 2)."""
+
+
 class ModelError(InferError):
     """The model cannot be used: missing, corrupt, unsupported (exit code 3)."""
 

@@ -51,11 +51,11 @@ def chat_prompt(model: Model, messages: Sequence[Message], *, template: str | No
                        add_generation_prompt=add_generation_prompt, variables=variables)
     if not specials:
         return Prompt(text, _drop_double_bos(model, model.tokenize(
-            text, add_special=_adds_bos(model, text), parse_special=True)))
+            text, add_special=adds_bos(model, text), parse_special=True)))
     tokens: list[int] = []
     plain_parts: list[str] = []
     pos = 0
-    add_special = _adds_bos(model, text)
+    add_special = adds_bos(model, text)
     for m in _PLACEHOLDER.finditer(text):
         tokens += model.tokenize(text[pos:m.start()], parse_special=True,
                                  add_special=not tokens and pos == 0 and add_special)
@@ -117,7 +117,7 @@ def _with_placeholders(messages: Sequence[Message],
     return out, literals
 
 
-def _adds_bos(model: Model, text: str) -> bool:
+def adds_bos(model: Model, text: str) -> bool:
     """Whether llama.cpp should add its special tokens to the rendered `text`: not when
     the template wrote BOS itself (llama.cpp would add a second and log a warning)."""
     return not (model.bos >= 0 and text.startswith(model.special_token_text(model.bos) or "\0"))

@@ -17,6 +17,7 @@ from typing import Any
 from infer.runtime.errors import ContextOverflowError
 from infer.runtime.generation import Generation, Step
 from infer.runtime.llama import Batch, Context, Model
+from infer.runtime.media import MediaPrompt, run_start, spans
 from infer.runtime.params import ContextParams
 from infer.runtime.results import Completion, Piece, Timings
 from infer.runtime.sampling import SamplingParams
@@ -165,8 +166,12 @@ class Session:
                                        n_ctx=self.n_ctx)
 
     def prefill(self, tokens: Sequence[int], *, checkpoints: Sequence[int] = (),
-                on_checkpoint: Callable[[int], None] | None = None) -> int:
+                on_checkpoint: Callable[[int], None] | None = None,
+                media_prompt: MediaPrompt | None = None) -> int:
         """Bring the KV cache to hold exactly `tokens`; return how many were reused.
+
+        Where `tokens` hold media (runtime/media.py), `media_prompt` has their chunks: each
+        medium not already in the cache is encoded and its embeddings decoded whole.
 
         The logits of the last token are computed, ready for sampling. When the cache
         holds ``tokens[:n]`` for a position n in `checkpoints` (that had to be
@@ -177,21 +182,27 @@ class Session:
         keep = common_prefix_len(self.tokens, tokens)
         if keep == len(tokens):
             keep -= 1  # the last token must be decoded again to get its logits
+        keep = run_start(tokens, keep)  # (a medium is evaluated whole)
         if not self.context.memory_seq_rm(SEQ_ID, keep, -1):
             self.context.memory_clear()  # a cache that cannot cut mid-sequence starts over
             keep = 0
         del self.tokens[keep:]
-        n_batch = self._batch.capacity
-        stops = sorted({n for n in checkpoints if keep < n < len(tokens)} | {len(tokens)})
+        media = media_prompt.media if media_prompt is not None else {}
+        stops = sorted({n for n in checkpoints if keep < n < len(tokens) and run_start(tokens, n) == n}
+                       | {len(tokens)})
         pos = keep
         with self.context.interruptible():
             for stop in stops:
-                for start in range(pos, stop, n_batch):
-                    chunk = tokens[start:min(start + n_batch, stop)]
-                    self._batch.set_tokens(chunk, start_pos=start, seq_id=SEQ_ID,
-                                           logits_last=start + n_batch >= stop)
-                    self.context.decode(self._batch)
-                    self.tokens.extend(chunk)
+                for start, end, medium in spans(tokens, pos, stop, self._batch.capacity, media):
+                    if medium is not None:
+                        assert media_prompt is not None
+                        media_prompt.projector.evaluate(self.context, medium, start, SEQ_ID,
+                                                        logits_last=end >= stop)
+                    else:
+                        self._batch.set_tokens(tokens[start:end], start_pos=start, seq_id=SEQ_ID,
+                                               logits_last=end >= stop)
+                        self.context.decode(self._batch)
+                    self.tokens.extend(tokens[start:end])
                 pos = stop
                 if on_checkpoint is not None and stop in checkpoints:
                     on_checkpoint(stop)
@@ -245,27 +256,28 @@ class Session:
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, checkpoints: Sequence[int] = (),
                  on_checkpoint: Callable[[int], None] | None = None, started: float | None = None,
-                 thinking: ThinkingPlan | None = None) -> Iterator[Piece | Completion]:
-        """Prefill `prompt`, then sample until EOS, a stop string, or the token limit.
-
-        Yields ``Piece`` events as text becomes final, then one ``Completion``.
-        `checkpoints` and `on_checkpoint` are passed to `prefill`. `started` (a
-        `time.perf_counter()` value) is when the request began, if earlier than this
-        call (a state loaded from the prompt cache): prefill and first-token times count from it.
+                 thinking: ThinkingPlan | None = None, media_prompt: MediaPrompt | None = None
+                 ) -> Iterator[Piece | Completion]:
+        """Prefill `prompt`, then sample until EOS, a stop string, or the token limit. Yields
+        ``Piece`` events as text becomes final, then one ``Completion``.
+        `checkpoints` and `on_checkpoint` are passed to `prefill`. `started` (a `time.perf_counter()`
+        value) is when the request began, if earlier than this call (a state loaded from the prompt
+        cache): prefill and first-token times count from it.
         With a speculator (``self.speculator``), each step may verify several guessed tokens.
         A thinking model's reply follows its prompt's `thinking` plan (runtime/thinking.py): the
-        session closes the reasoning block itself when the plan's budget is spent.
-        """
+        session closes the reasoning block itself when the plan's budget is spent. `media_prompt`:
+        the media in `prompt` (runtime/media.py; no speculation: a draft cannot read them)."""
         self.check_fits(len(prompt), params.max_tokens)
         params = params.with_seed()
         t_start = time.perf_counter() if started is None else started
-        spec = self.speculator
+        spec = self.speculator if media_prompt is None else None
         limit = self.n_ctx - len(prompt)
         if params.max_tokens is not None:
             limit = min(limit, params.max_tokens)
         gen = Generation(self.model, params, limit, spec, thinking=thinking)
         try:
-            cached = self.prefill(prompt, checkpoints=checkpoints, on_checkpoint=on_checkpoint)
+            cached = self.prefill(prompt, checkpoints=checkpoints, on_checkpoint=on_checkpoint,
+                                  media_prompt=media_prompt)
             t_prefilled = time.perf_counter()
             calibrating = spec is not None and spec.needs_profile and limit > 1
             if spec is not None and calibrating:

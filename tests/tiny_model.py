@@ -76,8 +76,11 @@ def build_llama_gguf(
     f16: bool = False,
     split_max_tensors: int = 0,
     fim: bool = False,
+    weight_scale: float = 0.02,
 ) -> Path:
-    """Write a random-weight llama model with a real vocabulary to `out`."""
+    """Write a random-weight llama model with a real vocabulary to `out`. `weight_scale`: the
+    layers' weights' standard deviation (larger: each position's input weighs more in the
+    output, as a test of media in the prompt needs)."""
     arch = MODEL_ARCH.LLAMA
     # Split files are named by the writer (OUT-00001-of-0000N.gguf); others via a temporary name.
     tmp = out if split_max_tensors else out.with_name(out.name + ".tmp")
@@ -104,7 +107,7 @@ def build_llama_gguf(
     head_dim = n_embd // n_head
 
     def tensor(kind: MODEL_TENSOR, shape: tuple[int, ...], bid: int | None = None,
-               scale: float = 0.02, norm: bool = False) -> None:
+               scale: float = weight_scale, norm: bool = False) -> None:
         name = TENSOR_NAMES[kind].format(bid=bid) + ".weight"
         if norm:
             data = np.ones(shape, dtype=np.float32)

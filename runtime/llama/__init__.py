@@ -12,7 +12,9 @@ The package's modules, each named for what it holds:
 - ``model``: ``Model``, a loaded model and its vocabulary;
 - ``context``: ``Context`` and ``Batch``, and the flash-attention choice;
 - ``stderr``: what native code writes to file descriptor 2, captured;
-- ``sampler_chain``: ``SamplerSpec`` and the native ``SamplerChain``.
+- ``sampler_chain``: ``SamplerSpec`` and the native ``SamplerChain``;
+- ``projector``: ``Projector``, an mmproj file through libmtmd (images and audio in), and
+  the ``Chunk`` pieces of a prompt with media.
 
 The names other modules use are importable from here (``from infer.runtime.llama import
 Model``). They are looked up on first use rather than imported with the package: importing
@@ -39,6 +41,8 @@ _EXPORTS = {
     "Context": "context",
     "flash_attention": "context",
     "set_decode_watchdog": "context",
+    "Chunk": "projector",
+    "Projector": "projector",
     "SamplerChain": "sampler_chain",
     "SamplerSpec": "sampler_chain",
 }

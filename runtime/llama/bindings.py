@@ -137,6 +137,13 @@ def init_backend() -> None:
     _init_backends()
 
 
+def route_log(*setters: Any) -> None:
+    """Send the log of another library of llama.cpp's (libmtmd: `mtmd_log_set`...) where
+    llama.cpp's goes."""
+    for setter in setters:
+        setter(_log_callback, ctypes.c_void_p(0))
+
+
 @cache
 def _init_backends() -> None:
     C.llama_backend_init()

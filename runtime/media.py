@@ -1,0 +1,160 @@
+"""Images and audio in a prompt (issue 36): the files as infer takes them, and a prompt's
+tokens with its media in them.
+
+A prompt with media is rendered as text with libmtmd's marker (``<__media__>``) where each
+medium goes, then split by the projector into text and media chunks (runtime/llama/projector).
+Its token list holds each medium as a run of one pseudo-token (a negative id made from the
+medium's SHA-256) as long as the medium's embeddings: the KV cache's prefix reuse then works
+as for text (the same image at the same place is the same run; another image differs), and
+`spans` tells the prefill where a medium must be evaluated instead of decoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infer.runtime.errors import MediaError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from infer.runtime.llama import Chunk, Projector
+
+MARKER = "<__media__>"  # libmtmd's default marker (mtmd_default_marker)
+MAX_IMAGE_BYTES = 20 << 20  # as OpenAI's image inputs
+MAX_AUDIO_BYTES = 50 << 20
+
+# The formats libmtmd decodes (stb_image and miniaudio), by their first bytes.
+_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF87a", "GIF"),
+                (b"GIF89a", "GIF"), (b"BM", "BMP"))
+_AUDIO_MAGIC = ((b"fLaC", "FLAC"), (b"ID3", "MP3"), (b"\xff\xfb", "MP3"), (b"\xff\xf3", "MP3"),
+                (b"\xff\xf2", "MP3"))
+
+
+@dataclass(frozen=True)
+class Medium:
+    """One image or audio file: its name (for messages), kind and bytes."""
+
+    name: str
+    kind: str  # "image" or "audio"
+    data: bytes
+
+
+def sniff(data: bytes) -> tuple[str, str] | None:
+    """(kind, format) of a file's bytes, or None for one infer does not take."""
+    if data[:4] == b"RIFF" and data[8:12] in (b"WEBP", b"WAVE"):
+        return ("image", "WebP") if data[8:12] == b"WEBP" else ("audio", "WAV")
+    for magic, name in _IMAGE_MAGIC:
+        if data.startswith(magic):
+            return "image", name
+    for magic, name in _AUDIO_MAGIC:
+        if data.startswith(magic):
+            return "audio", name
+    return None
+
+
+def medium(name: str, data: bytes, kind: str | None = None) -> Medium:
+    """A checked medium: not empty, of a format libmtmd decodes (of `kind` where given), not
+    larger than the limits. A MediaError naming the file otherwise."""
+    if not data:
+        raise MediaError(f"{name}: the file is empty")
+    found = sniff(data)
+    if found is None:
+        raise MediaError(f"{name}: not a PNG, JPEG, WebP, GIF or BMP image, nor WAV, MP3 or FLAC audio")
+    if kind is not None and found[0] != kind:
+        raise MediaError(f"{name}: a {found[1]} file is {found[0]}, not {kind}")
+    limit = MAX_IMAGE_BYTES if found[0] == "image" else MAX_AUDIO_BYTES
+    if len(data) > limit:
+        raise MediaError(f"{name}: {len(data):,} bytes, over the limit of {limit:,} for {found[0]}")
+    return Medium(name, found[0], data)
+
+
+def read_medium(path: str, kind: str | None = None, *, stdin: bytes | None = None) -> Medium:
+    """The file at `path` (`-`: `stdin`'s bytes) as a checked medium."""
+    if path == "-":
+        return medium("stdin", stdin or b"", kind)
+    p = Path(path)
+    limit = MAX_AUDIO_BYTES if kind == "audio" else MAX_IMAGE_BYTES
+    try:
+        if p.stat().st_size > max(MAX_IMAGE_BYTES, MAX_AUDIO_BYTES, limit):
+            raise MediaError(f"{path}: {p.stat().st_size:,} bytes, over the limit of {limit:,}")
+        data = p.read_bytes()
+    except IsADirectoryError:
+        raise MediaError(f"{path}: is a folder, not a file") from None
+    except FileNotFoundError:
+        raise MediaError(f"{path}: no such file") from None
+    except OSError as e:
+        raise MediaError(f"{path}: cannot read it: {e.strerror or e}") from None
+    return medium(path, data, kind)
+
+
+def place_markers(text: str, count: int) -> str:
+    """`text` with one marker per medium: as the user placed them, or all just before the text
+    (llama.cpp's convention: llama-mtmd-cli's, llama-server's)."""
+    have = text.count(MARKER)
+    if have == count:
+        return text
+    if have:
+        raise MediaError(f"the prompt has {have} media markers ({MARKER}) for {count} media")
+    return MARKER * count + text
+
+
+def pseudo_token(digest: str) -> int:
+    """The negative id that stands for each position of a medium in a token list."""
+    return -2 - int(digest[:8] or "0", 16) % (1 << 30)
+
+
+@dataclass
+class MediaPrompt:
+    """A prompt's tokens with its media as runs of pseudo-tokens, and the chunks to evaluate
+    for them (by pseudo-token)."""
+
+    projector: Projector
+    tokens: list[int]
+    media: dict[int, Chunk] = field(default_factory=dict)
+
+
+def media_prompt(projector: Projector, text: str, media: Sequence[Medium], *,
+                 add_special: bool) -> MediaPrompt:
+    """Split `text` (its markers in place) and `media` into a MediaPrompt."""
+    for m in media:
+        if not {"image": projector.vision, "audio": projector.audio}[m.kind]:
+            raise MediaError(f"{m.name}: this model's projector takes no {m.kind}")
+    chunks = projector.chunks(text, [(m.name, m.data) for m in media], add_special=add_special)
+    out = MediaPrompt(projector, [])
+    for chunk in chunks:
+        if chunk.kind == "text":
+            out.tokens.extend(chunk.tokens)
+        else:
+            token = pseudo_token(chunk.digest)
+            out.media[token] = chunk
+            out.tokens.extend([token] * chunk.n_tokens)
+    return out
+
+
+def run_start(tokens: Sequence[int], i: int) -> int:
+    """`i`, or where the medium's run that holds position i begins."""
+    while 0 < i < len(tokens) and tokens[i] < 0 and tokens[i - 1] == tokens[i]:
+        i -= 1
+    return i
+
+
+def spans(tokens: Sequence[int], start: int, stop: int, n_batch: int,
+          media: dict[int, Chunk]) -> Iterator[tuple[int, int, Chunk | None]]:
+    """(begin, end, medium) pieces of tokens[start:stop] in prefill order: text in batches of at
+    most n_batch (medium None), each medium whole (`start` and `stop` at a run's edges)."""
+    i = start
+    while i < stop:
+        if tokens[i] < 0:
+            chunk = media.get(tokens[i])
+            if chunk is None:
+                raise MediaError("a medium of the cached prompt is no longer at hand")  # (a bug)
+            yield i, i + chunk.n_tokens, chunk
+            i += chunk.n_tokens
+        else:
+            j = i
+            while j < stop and j - i < n_batch and tokens[j] >= 0:
+                j += 1
+            yield i, j, None
+            i = j

@@ -1,0 +1,119 @@
+"""Images in the prompt (issue 36): `infer run --image` on a tiny random-weight text model and a
+tiny LLaVA-style projector (tests/tiny_vision.py), against llama.cpp's own llama-mtmd-cli on the
+same files, image and settings (greedy, flash attention off on both sides). llama-mtmd-cli is
+built from the installed llama-cpp-python's source distribution by
+`benchmarks/build_llama_tools.sh llama-server llama-mtmd-cli`, which the README's test command
+runs first. And every bad input: one line, exit 2, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import wave
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import QWEN_TEMPLATE, assert_one_line_error, run_cli
+from tiny_model import build_llama_gguf
+from tiny_vision import build_mmproj_gguf, png_bytes, write_png
+
+ROOT = Path(__file__).resolve().parents[1]
+GREEDY = ("-n", "16", "--temperature", "0", "--flash-attn", "off")
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory: pytest.TempPathFactory, fixtures: Path) -> SimpleNamespace:
+    """A text model whose output each position of the prompt moves (weights 0.1: an image
+    changes the reply), its projector, a projector for another model, and two images."""
+    d = tmp_path_factory.mktemp("vision")
+    model = build_llama_gguf(d / "tiny-vision.gguf", vocab="llama-bpe", weight_scale=0.1,
+                             chat_template=QWEN_TEMPLATE)
+    with wave.open(str(d / "beep.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\x00\x10" * 1600)
+    return SimpleNamespace(model=model, mmproj=build_mmproj_gguf(d / "mmproj.gguf"),
+                           other=build_mmproj_gguf(d / "mmproj-32.gguf", n_embd_text=32),
+                           a=write_png(d / "a.png", seed=1), b=write_png(d / "b.png", seed=2),
+                           wav=d / "beep.wav", dir=d)
+
+
+@pytest.fixture(scope="module")
+def mtmd_cli() -> Path:
+    found = Path(os.environ.get("INFER_LLAMA_BIN", ROOT / ".bench" / "build" / "bin")) / "llama-mtmd-cli"
+    if not found.exists():
+        message = f"llama-mtmd-cli not at {found}: run benchmarks/build_llama_tools.sh llama-mtmd-cli"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def _theirs(mtmd_cli: Path, vision: SimpleNamespace, images: list[Path], prompt: str) -> str:
+    args = [str(mtmd_cli), "-m", str(vision.model), "--mmproj", str(vision.mmproj), "-p", prompt,
+            "-n", "16", "--temp", "0", "-fa", "off", "-t", "2"]
+    for image in images:
+        args += ["--image", str(image)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip("\n")
+
+
+def test_greedy_text_with_images_equals_llama_mtmd_clis(vision: SimpleNamespace, mtmd_cli: Path) -> None:
+    """One image before the prompt (read from a file, and from stdin), then two at the markers
+    the prompt places them at: the same tokens as llama-mtmd-cli's. The two images give
+    different replies (the image is read, not just its place)."""
+    base = ["run", vision.model, "--mmproj", vision.mmproj, *GREEDY]
+    ours_a = run_cli(*base, "--image", "-", "Describe it.", input=vision.a.read_bytes())
+    ours_b = run_cli(*base, "--image", vision.b, "Describe it.")
+    both = "Compare <__media__> with <__media__>."
+    ours_ab = run_cli(*base, "--image", vision.a, "--image", vision.b, both)
+    for ours in (ours_a, ours_b, ours_ab):
+        assert ours.returncode == 0 and ours.stderr == "", ours.stderr
+    assert ours_a.stdout.strip("\n") == _theirs(mtmd_cli, vision, [vision.a], "Describe it.")
+    assert ours_b.stdout.strip("\n") == _theirs(mtmd_cli, vision, [vision.b], "Describe it.")
+    assert ours_ab.stdout.strip("\n") == _theirs(mtmd_cli, vision, [vision.a, vision.b], both)
+    assert ours_a.stdout != ours_b.stdout
+
+
+def _bad(vision: SimpleNamespace, case: str) -> tuple[list, bytes | None]:
+    d = vision.dir
+    (d / "empty.png").write_bytes(b"")
+    (d / "notes.txt").write_text("not a picture\n")
+    (d / "cut.png").write_bytes(png_bytes(48, 40, seed=3)[:60])
+    base = ["run", vision.model, "--mmproj", vision.mmproj, "-n", "2"]
+    return {
+        "empty": ([*base, "--image", d / "empty.png", "Hi"], None),
+        "not an image": ([*base, "--image", d / "notes.txt", "Hi"], None),
+        "truncated": ([*base, "--image", d / "cut.png", "Hi"], None),
+        "missing": ([*base, "--image", d / "nope.png", "Hi"], None),
+        "a folder": ([*base, "--image", d, "Hi"], None),
+        "no projector": (["run", vision.model, "--image", vision.a, "Hi"], None),
+        "audio to a vision projector": ([*base, "--audio", vision.wav, "Hi"], None),
+        "another model's projector": (["run", vision.model, "--mmproj", vision.other, "--image", vision.a,
+                                       "Hi"], None),
+        "markers for more media": ([*base, "--image", vision.a, "<__media__> and <__media__>"], None),
+        "an image where audio is asked": ([*base, "--audio", vision.a, "Hi"], None),
+        "two media from stdin": ([*base, "--image", "-", "--image", "-", "Hi"], vision.a.read_bytes()),
+    }[case]
+
+
+@pytest.mark.parametrize(("case", "words"), [
+    ("empty", "empty.png: the file is empty"),
+    ("not an image", "notes.txt: not a PNG, JPEG, WebP, GIF or BMP image"),
+    ("truncated", "cut.png: not an image or audio file this model reads"),
+    ("missing", "nope.png: no such file"),
+    ("a folder", "is a folder"),
+    ("no projector", "a.png: reading image needs the model's projector: give --mmproj"),
+    ("audio to a vision projector", "beep.wav: this model's projector takes no audio"),
+    ("another model's projector", "mmproj-32.gguf: libmtmd could not load the projector"),
+    ("markers for more media", "2 media markers"),
+    ("an image where audio is asked", "a.png: a PNG file is image, not audio"),
+    ("two media from stdin", "only one --image or --audio can read standard input"),
+])
+def test_bad_media_are_one_line_and_exit_2(vision: SimpleNamespace, case: str, words: str) -> None:
+    args, stdin = _bad(vision, case)
+    assert_one_line_error(run_cli(*args, input=stdin), 2, words)
