@@ -258,8 +258,12 @@ def _generate_cached(session: Any, tokens: list[int], params: Any, cache: Any, *
 
     requested = time.perf_counter()  # time to first token counts the loading of a cached state
     if cache is None:
-        return _generate(session, tokens, params, reply, started=requested, thinking=thinking,
-                         media_prompt=media_prompt)
+        try:
+            return _generate(session, tokens, params, reply, started=requested, thinking=thinking,
+                             media_prompt=media_prompt)
+        finally:
+            if media_prompt is not None:  # (libmtmd's chunks)
+                media_prompt.close()
     session.check_fits(len(tokens), params.max_tokens)
     # A continued conversation's own state is worth loading however short it is.
     cache.restore(session, tokens, min_tokens=1 if continuing else None)

@@ -11,7 +11,7 @@ as for text (the same image at the same place is the same run; another image dif
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,11 +108,23 @@ def pseudo_token(digest: str) -> int:
 @dataclass
 class MediaPrompt:
     """A prompt's tokens with its media as runs of pseudo-tokens, and the chunks to evaluate
-    for them (by pseudo-token)."""
+    for them (by pseudo-token). Close it when its generation is done (libmtmd's chunks)."""
 
     projector: Projector
     tokens: list[int]
     media: dict[int, Chunk] = field(default_factory=dict)
+    free: Callable[[], None] = lambda: None
+
+    def close(self) -> None:
+        self.media.clear()
+        self.free()
+        self.free = lambda: None
+
+    def __enter__(self) -> MediaPrompt:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def media_prompt(projector: Projector, text: str, media: Sequence[Medium], *,
@@ -121,8 +133,8 @@ def media_prompt(projector: Projector, text: str, media: Sequence[Medium], *,
     for m in media:
         if not {"image": projector.vision, "audio": projector.audio}[m.kind]:
             raise MediaError(f"{m.name}: this model's projector takes no {m.kind}")
-    chunks = projector.chunks(text, [(m.name, m.data) for m in media], add_special=add_special)
-    out = MediaPrompt(projector, [])
+    chunks, free = projector.chunks(text, [(m.name, m.data) for m in media], add_special=add_special)
+    out = MediaPrompt(projector, [], free=free)
     for chunk in chunks:
         if chunk.kind == "text":
             out.tokens.extend(chunk.tokens)

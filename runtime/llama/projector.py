@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,6 @@ class Projector:
         self.audio = bool(m.mtmd_support_audio(self._ptr))
         self.mrope = bool(m.mtmd_decode_use_mrope(self._ptr))
         self.marker = m.mtmd_default_marker().decode()
-        self._chunks: list[Any] = []  # libmtmd's chunk lists this projector's Chunks point into
 
     @property
     def ptr(self) -> Any:
@@ -79,12 +79,8 @@ class Projector:
         return self._ptr
 
     def close(self) -> None:
-        m = _mtmd()
-        for chunks in self._chunks:
-            m.mtmd_input_chunks_free(chunks)
-        self._chunks.clear()
         if self._ptr:
-            m.mtmd_free(self._ptr)
+            _mtmd().mtmd_free(self._ptr)
             self._ptr = None
 
     def __enter__(self) -> Projector:
@@ -93,9 +89,11 @@ class Projector:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def chunks(self, text: str, media: list[tuple[str, bytes]], *, add_special: bool) -> list[Chunk]:
+    def chunks(self, text: str, media: list[tuple[str, bytes]], *,
+               add_special: bool) -> tuple[list[Chunk], Callable[[], None]]:
         """`text` (with one marker per medium) and `media` ((name, bytes) in the markers' order)
-        as chunks. A medium libmtmd cannot decode is a MediaError naming it."""
+        as chunks, and the function that frees them (after the last use of their handles). A
+        medium libmtmd cannot decode is a MediaError naming it."""
         m = _mtmd()
         bitmaps = []
         try:
@@ -116,8 +114,8 @@ class Projector:
         finally:
             for bitmap in bitmaps:
                 m.mtmd_bitmap_free(bitmap)
-        self._chunks.append(out)
-        return [self._chunk(m.mtmd_input_chunks_get(out, i)) for i in range(m.mtmd_input_chunks_size(out))]
+        chunks = [self._chunk(m.mtmd_input_chunks_get(out, i)) for i in range(m.mtmd_input_chunks_size(out))]
+        return chunks, lambda: m.mtmd_input_chunks_free(out)
 
     def _bitmap(self, name: str, data: bytes) -> Any:
         m = _mtmd()
