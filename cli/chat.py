@@ -48,6 +48,7 @@ from infer.cli.placement import explain
     o.SERVER,
     o.CHAT_TEMPLATE_FILE,
     *o.thinking_options(),
+    o.MMPROJ,
 )
 def chat(ctx: typer.Context, **flags: Any) -> None:
     """Chat with a model; each turn prefills only the new message."""

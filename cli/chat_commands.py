@@ -10,7 +10,7 @@ from typing import Any
 
 from infer.cli.chat_input import keys_held
 from infer.cli.chat_output import note, say
-from infer.runtime.errors import InferError
+from infer.runtime.errors import InferError, UsageError
 
 HELP = """commands:
   /help              this list
@@ -26,7 +26,9 @@ HELP = """commands:
   /show              model, template and parameters
   /model MODEL       switch to another model, keeping the conversation
   /save NAME         save the conversation and its KV cache
-  /load NAME         continue a saved conversation"""
+  /load NAME         continue a saved conversation
+  /image PATH        attach an image to the next message (a message that is only an image's path does too)
+  /audio PATH        attach an audio file to the next message"""
 
 
 class BaseChat:
@@ -56,13 +58,36 @@ class BaseChat:
         """One line of input; False means leave."""
         if not text.strip():
             return True
-        if text.startswith("/"):
+        path = _media_path(text)  # (an absolute path starts with "/" too)
+        if text.startswith("/") and path is None:
             return self.command(text)
         try:
-            self._stream(self.conversation.send(text, self.params))
+            media, text = self._media_for(text, path)
+            self._stream(self.conversation.send(text, self.params, media) if media
+                         else self.conversation.send(text, self.params))
         except InferError as e:  # this turn fails; the chat goes on
             note(f"error: {e}")
         return True
+
+    def _attach(self, kind: str, path: str) -> None:
+        """/image PATH, /audio PATH: a medium for the next message."""
+        from infer.runtime.media import read_medium
+
+        if not path:
+            raise UsageError(f"/{kind} needs a file's path")
+        medium = read_medium(path.strip("'\""), kind)
+        self.__dict__.setdefault("pending_media", []).append(medium)
+        note(f"{medium.name} goes with the next message")
+
+    def _media_for(self, text: str, path: str | None) -> tuple[tuple[Any, ...], str]:
+        """The media the next message takes (attached before it, or the message itself when it is
+        only the `path` of an image or audio file: then it has no text), and its text."""
+        from infer.runtime.media import read_medium
+
+        media = tuple(self.__dict__.pop("pending_media", ()))
+        if path is not None:
+            return (*media, read_medium(path)), ""
+        return media, text
 
     def command(self, text: str) -> bool:
         name, _, arg = text.strip().partition(" ")
@@ -98,6 +123,8 @@ class BaseChat:
                 self._model(arg)
             elif name == "/show":
                 self._show()
+            elif name in ("/image", "/audio"):
+                self._attach(name[1:], arg)
             else:
                 note(f"unknown command {name} (/help lists them)")
         except InferError as e:
@@ -210,3 +237,20 @@ class BaseChat:
             thoughts.end()
             if reply:
                 reply.close()
+
+
+def _media_path(text: str) -> str | None:
+    """`text` as the path of an image or audio file, if it is only that (quotes around it allowed)."""
+    from pathlib import Path
+
+    from infer.runtime.media import sniff
+
+    candidate = text.strip().strip("'\"")
+    if not candidate or "\n" in candidate or len(candidate) > 4096:
+        return None
+    path = Path(candidate).expanduser()
+    try:
+        with path.open("rb") as f:
+            return str(path) if path.is_file() and sniff(f.read(16)) is not None else None
+    except OSError:
+        return None

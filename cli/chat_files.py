@@ -68,3 +68,31 @@ def _from_json(key: str, value: Any) -> Any:
     if key == "logit_bias":
         return tuple(map(tuple, value))
     return tuple(value) if isinstance(value, list) else value
+
+
+def messages_to_json(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as session.json holds them: a message's images and audio as base64."""
+    import base64
+
+    return [{**m, "media": [{"name": x.name, "kind": x.kind, "data": base64.b64encode(x.data).decode()}
+                            for x in m["media"]]} if "media" in m else m for m in messages]
+
+
+def messages_from_json(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """session.json's messages back, their media checked as when they were attached."""
+    import base64
+    import binascii
+
+    from infer.runtime.media import medium
+
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and isinstance(m.get("media"), list):
+            try:
+                media = tuple(medium(str(x["name"]), base64.b64decode(x["data"], validate=True), x["kind"])
+                              for x in m["media"])
+            except (KeyError, TypeError, binascii.Error):
+                raise UsageError("a saved message's media are not as infer wrote them") from None
+            m = {**m, "media": media}
+        out.append(m)
+    return out

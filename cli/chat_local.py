@@ -8,7 +8,14 @@ from functools import partial
 from typing import Any
 
 from infer.cli.chat_commands import BaseChat
-from infer.cli.chat_files import params_dict, read_session, saved_params, write_session
+from infer.cli.chat_files import (
+    messages_from_json,
+    messages_to_json,
+    params_dict,
+    read_session,
+    saved_params,
+    write_session,
+)
 from infer.cli.chat_output import note, say
 from infer.cli.chat_settings import PROMPT_SETTINGS, list_settings, parse_setting
 from infer.cli.flags import context_params, load_plan, prompt_flags, read_text_file, resolve, thinking_request
@@ -29,6 +36,13 @@ def open_chat(flags: Mapping[str, Any], overrides: dict[str, Any]) -> ChatState:
     except BaseException:
         loaded.session.close()
         raise
+
+
+def _projector(flags: Mapping[str, Any], session: Any) -> Any:
+    """--mmproj's projector for the session's model (None without the flag)."""
+    from infer.cli.media import open_projector
+
+    return open_projector(flags["mmproj"], session) if flags.get("mmproj") else None
 
 
 class _Loaded:
@@ -81,6 +95,7 @@ class ChatState(BaseChat):
         self.prompt_settings = prompt_flags(flags)
         self.thinking = thinking_request(self.prompt_settings)
         self.thoughts = partial(thinking_display, flags)
+        self.projector = _projector(flags, loaded.session)
         self.conversation = self._conversation(loaded, system)
         self.loaded = loaded
         self.overrides = overrides  # what the user set (flags, /set, /load): kept across /model
@@ -95,7 +110,7 @@ class ChatState(BaseChat):
 
         conversation = Conversation(loaded.session, system=system, template=self.template,
                                     context_policy=self.flags["context_policy"], prompt_cache=self.cache,
-                                    cache_name=loaded.reference)
+                                    cache_name=loaded.reference, projector=self.projector)
         conversation.thinking = self.thinking
         return conversation
 
@@ -117,6 +132,8 @@ class ChatState(BaseChat):
     def __exit__(self, *exc: object) -> None:
         if self.cache is not None:
             self.cache.flush()  # a system prompt's state still being written
+        if self.projector is not None:
+            self.projector.close()
         self.loaded.session.close()
 
     @property
@@ -149,7 +166,7 @@ class ChatState(BaseChat):
         """Messages, parameters and the KV state, written atomically under INFER_HOME/sessions."""
         tokens, kv = self.conversation.session.save_state()
         write_session(name, {"fingerprint": self.conversation.session.fingerprint(),
-                             "messages": self.conversation.messages, "tokens": tokens,
+                             "messages": messages_to_json(self.conversation.messages), "tokens": tokens,
                              "params": params_dict(self.params), "thinking": self.prompt_settings}, kv)
         note(f"saved session {name!r} ({len(tokens)} tokens in the cache)")
 
@@ -159,7 +176,7 @@ class ChatState(BaseChat):
 
         meta, kv = read_session(name)
         session = self.conversation.session
-        self.conversation.messages = list(meta["messages"])
+        self.conversation.messages = messages_from_json(meta["messages"])
         self._set_params(saved_params(meta))
         self.restore_thinking(meta)
         same = (kv is not None and meta.get("fingerprint") == session.fingerprint()
@@ -180,6 +197,9 @@ class ChatState(BaseChat):
         context_params(flags)  # bad values and unknown models fail before anything is closed
         resolved = resolve({**flags, "model": model})
         old = self.loaded
+        if self.projector is not None:  # (it reads into the old model)
+            self.projector.close()
+            self.projector = None
         old.session.close()
         try:
             loaded = _Loaded.load(flags, resolved)
@@ -187,6 +207,8 @@ class ChatState(BaseChat):
             self.loaded = _Loaded.open(self.flags, old.reference)
             self.conversation.session = self.loaded.session
             raise
+        if model == old.reference:  # (the same model: its projector again; another takes none)
+            self.projector = _projector(flags, loaded.session)
         conversation = self._conversation(loaded)
         conversation.messages = self.conversation.messages
         self.conversation, self.loaded, self.flags = conversation, loaded, flags

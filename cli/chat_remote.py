@@ -25,7 +25,7 @@ from infer.cli.chat_settings import PROMPT_SETTINGS, list_overrides, parse_setti
 from infer.cli.flags import prompt_flags, thinking_request
 from infer.cli.render import reply_writer
 from infer.cli.thinking_display import thinking_display
-from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, UsageError
+from infer.runtime.errors import InferError, MediaError, ModelNotFoundError, NetworkError, UsageError
 from infer.runtime.messages import Dropped, Messages, check_context_policy
 
 CHAT_PATH = "/v1/chat/completions"
@@ -41,8 +41,10 @@ class RemoteConversation(Messages):
         self.model = model
         self.context_policy = check_context_policy(context_policy)
 
-    def send(self, text: str, fields: Mapping[str, Any]) -> Iterator[Any]:
+    def send(self, text: str, fields: Mapping[str, Any], media: tuple[Any, ...] = ()) -> Iterator[Any]:
         """Add a user message and stream the server's reply (Piece ..., Completion)."""
+        if media:
+            raise MediaError(f"{media[0].name}: images and audio are read here, not through a server (yet)")
         self.messages.append({"role": "user", "content": text})
         yield from self._reply(fields, new=True)
 

@@ -95,7 +95,7 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
     if flags["explain"]:
         explain(plan.placed, resolved.reference)
         return
-    from infer.cli.run_media import projector_for, prompt_and_media, with_media
+    from infer.cli.media import projector_for, prompt_and_media, with_media
 
     text, asked, media = prompt_and_media(flags, prompt_arg)  # (files checked before the model loads)
     system = flags["system"]

@@ -203,6 +203,11 @@ def thinking_options() -> tuple[tuple[str, Any, Any], ...]:
 MEDIA = "Images and audio"
 
 
+MMPROJ = ("mmproj", Annotated[str | None, typer.Option(
+    "--mmproj", help="The model's multimodal projector (an mmproj-*.gguf file), which reads the images "
+    "and audio.", rich_help_panel=MEDIA, show_default=False, metavar="FILE")], None)
+
+
 def media_options() -> tuple[tuple[str, Any, Any], ...]:
     """--image, --audio and --mmproj: media in the prompt, read by the model's projector."""
     return (
@@ -213,7 +218,5 @@ def media_options() -> tuple[tuple[str, Any, Any], ...]:
         ("audio", Annotated[list[str] | None, typer.Option(
             "--audio", help="An audio file (WAV, MP3, FLAC) for the prompt, as --image.",
             rich_help_panel=MEDIA, show_default=False, metavar="PATH")], None),
-        ("mmproj", Annotated[str | None, typer.Option(
-            "--mmproj", help="The model's multimodal projector (an mmproj-*.gguf file), which reads "
-            "the images and audio.", rich_help_panel=MEDIA, show_default=False, metavar="FILE")], None),
+        MMPROJ,
     )

@@ -8,6 +8,7 @@ runs first. And every bad input: one line, exit 2, nothing else.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import wave
@@ -117,3 +118,37 @@ def _bad(vision: SimpleNamespace, case: str) -> tuple[list, bytes | None]:
 def test_bad_media_are_one_line_and_exit_2(vision: SimpleNamespace, case: str, words: str) -> None:
     args, stdin = _bad(vision, case)
     assert_one_line_error(run_cli(*args, input=stdin), 2, words)
+
+
+def _stats(line: str) -> tuple[int, int, int]:
+    """/stats' prompt tokens, cached and prefilled of the last turn."""
+    import re
+
+    m = re.search(r"(\d+) prompt tokens \((\d+) cached, (\d+) prefilled\)", line)
+    assert m, line
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def test_a_chat_reads_an_image_once_and_later_turns_find_it_in_the_cache(vision: SimpleNamespace) -> None:
+    """A message that is only an image's path attaches it: the reply is infer run's to that
+    image alone. /image attaches to the next message. Each later turn finds the images before
+    it in the KV cache (cached, not encoded again); /save and /load keep the media."""
+    script = (f"{vision.b}\n/stats\n/image {vision.a}\nDescribe it.\n/stats\nAnd the colours?\n/stats\n"
+              "/save pics\n")
+    chat = run_cli("chat", vision.model, "--mmproj", vision.mmproj, "--plain", *GREEDY, input=script)
+    assert chat.returncode == 0 and "error" not in chat.stderr, chat.stderr
+    assert "a.png goes with the next message" in chat.stderr
+    alone = run_cli("run", vision.model, "--mmproj", vision.mmproj, *GREEDY, "--image", vision.b,
+                    "<__media__>")
+    assert alone.returncode == 0 and chat.stdout.startswith(alone.stdout.strip("\n")), (alone, chat.stdout)
+    turns = [_stats(line) for line in chat.stdout.splitlines() if "prompt tokens (" in line]
+    assert turns[0][1] == 0 and turns[0][2] == turns[0][0]  # turn 1: all prefilled, the image too
+    for before, after in itertools.pairwise(turns):
+        # the turn before (its prompt, its image in it) from the cache; the reply as far as the
+        # random model's text tokenizes back to the same tokens
+        assert after[1] >= before[0] and after[2] < after[0] - before[0], turns
+    resumed = run_cli("chat", vision.model, "--mmproj", vision.mmproj, "--plain", *GREEDY,
+                      "--session", "pics", input="One word?\n/stats\n")
+    assert resumed.returncode == 0 and "error" not in resumed.stderr, resumed.stderr
+    assert "loaded session 'pics'" in resumed.stderr and "again" not in resumed.stderr
+    assert _stats(resumed.stdout.splitlines()[-1])[1] >= turns[-1][0]  # both images from the saved state

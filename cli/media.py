@@ -1,5 +1,6 @@
-"""`infer run`'s images and audio (--image, --audio, --mmproj): the files read and checked
-before the model loads, the projector opened beside the model, the media put in the prompt."""
+"""Images and audio from the command line (--image, --audio, --mmproj): the files read and
+checked before the model loads, the projector opened beside the model (infer run, infer chat),
+the media put in the prompt."""
 
 from __future__ import annotations
 
@@ -46,6 +47,20 @@ def read_media(flags: Mapping[str, Any], stdin: BinaryIO, stdin_is_tty: bool) ->
     return media
 
 
+def open_projector(path: str, session: Any) -> Any:
+    """The projector at `path` for the session's model, on the same devices and with the same
+    flash attention."""
+    from infer.runtime.llama import Projector
+
+    projector = Projector(path, session.model, n_threads=session.context.n_threads,
+                          use_gpu=session.model.local_gpu, flash_attn=session.context.flash_attn)
+    if projector.mrope:
+        projector.close()
+        raise MediaError(f"{path}: this projector places media with M-RoPE (Qwen2-VL and its "
+                         "successors), which infer does not read yet")
+    return projector
+
+
 @contextmanager
 def projector_for(flags: Mapping[str, Any], session: Any, media: list[Medium]) -> Iterator[Any]:
     """The --mmproj projector loaded for the session's model (None without media), closed
@@ -53,14 +68,8 @@ def projector_for(flags: Mapping[str, Any], session: Any, media: list[Medium]) -
     if not media:
         yield None
         return
-    from infer.runtime.llama import Projector
-
-    projector = Projector(flags["mmproj"], session.model, n_threads=session.context.n_threads,
-                          use_gpu=session.model.local_gpu, flash_attn=session.context.flash_attn)
+    projector = open_projector(flags["mmproj"], session)
     try:
-        if projector.mrope:
-            raise MediaError(f"{flags['mmproj']}: this projector places media with M-RoPE (Qwen2-VL and "
-                             "its successors), which infer does not read yet")
         yield projector
     finally:
         projector.close()
