@@ -49,6 +49,7 @@ from infer.cli.placement import explain
     o.CHAT_TEMPLATE_FILE,
     *o.thinking_options(),
     o.MMPROJ,
+    o.NO_MMPROJ,
 )
 def chat(ctx: typer.Context, **flags: Any) -> None:
     """Chat with a model; each turn prefills only the new message."""

@@ -38,11 +38,12 @@ def open_chat(flags: Mapping[str, Any], overrides: dict[str, Any]) -> ChatState:
         raise
 
 
-def _projector(flags: Mapping[str, Any], session: Any) -> Any:
-    """--mmproj's projector for the session's model (None without the flag)."""
-    from infer.cli.media import open_projector
+def _projector(flags: Mapping[str, Any], loaded: _Loaded) -> Any:
+    """The model's projector (--mmproj's, or its repository's), None if it has none."""
+    from infer.cli.media import open_projector, projector_path
 
-    return open_projector(flags["mmproj"], session) if flags.get("mmproj") else None
+    path = projector_path(flags, loaded)
+    return open_projector(path, loaded.session) if path is not None else None
 
 
 class _Loaded:
@@ -54,6 +55,7 @@ class _Loaded:
         self.session = session
         self.reference = resolved.reference
         self.entry = resolved.entry
+        self.mmproj = resolved.mmproj  # the projector that came with it from its repository
         self.defaults = sampling_defaults(session.model, resolved)
 
     @classmethod
@@ -95,7 +97,7 @@ class ChatState(BaseChat):
         self.prompt_settings = prompt_flags(flags)
         self.thinking = thinking_request(self.prompt_settings)
         self.thoughts = partial(thinking_display, flags)
-        self.projector = _projector(flags, loaded.session)
+        self.projector = _projector(flags, loaded)
         self.conversation = self._conversation(loaded, system)
         self.loaded = loaded
         self.overrides = overrides  # what the user set (flags, /set, /load): kept across /model
@@ -207,8 +209,8 @@ class ChatState(BaseChat):
             self.loaded = _Loaded.open(self.flags, old.reference)
             self.conversation.session = self.loaded.session
             raise
-        if model == old.reference:  # (the same model: its projector again; another takes none)
-            self.projector = _projector(flags, loaded.session)
+        # (--mmproj is the first model's; another model has its repository's, if any)
+        self.projector = _projector(flags if model == old.reference else {**flags, "mmproj": None}, loaded)
         conversation = self._conversation(loaded)
         conversation.messages = self.conversation.messages
         self.conversation, self.loaded, self.flags = conversation, loaded, flags

@@ -31,7 +31,7 @@ def resolve(flags: Mapping[str, Any]) -> Any:
 
     with DownloadProgress() as progress:
         return resolve_model(flags["model"], offline=flags.get("offline", False), progress=progress,
-                             notice=notice)
+                             notice=notice, mmproj=not flags.get("no_mmproj", False))
 
 
 def read_text_file(path: str | Path, what: str) -> str:

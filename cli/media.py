@@ -15,17 +15,30 @@ if TYPE_CHECKING:
     from infer.runtime.media import MediaPrompt, Medium
 
 
-def prompt_and_media(flags: Mapping[str, Any], prompt_arg: str | None) -> tuple[str, str, list[Medium]]:
-    """The prompt with a marker where each medium goes, the prompt as typed, and the media."""
+def projector_path(flags: Mapping[str, Any], resolved: Any) -> str | None:
+    """--mmproj's file, else the projector that came with the model from its repository."""
+    if flags.get("mmproj"):
+        return str(flags["mmproj"])
+    return str(resolved.mmproj) if resolved.mmproj is not None and not flags.get("no_mmproj") else None
+
+
+def prompt_and_media(flags: Mapping[str, Any], prompt_arg: str | None,
+                     resolved: Any) -> tuple[str, str, list[Medium], str | None]:
+    """The prompt with a marker where each medium goes, the prompt as typed, the media, and the
+    projector file that reads them (an error where there are media and no projector)."""
+    projector = projector_path(flags, resolved)
     import sys
 
     from infer.cli.stdin import combine_prompt
     from infer.runtime.media import place_markers
 
     media = read_media(flags, sys.stdin.buffer, sys.stdin.isatty())
+    if media and projector is None:
+        raise MediaError(f"{media[0].name}: reading {media[0].kind} needs the model's projector: "
+                         "give --mmproj FILE (its mmproj-*.gguf)")
     stdin_read = "-" in [*(flags.get("image") or ()), *(flags.get("audio") or ())]  # (not the prompt's)
     asked = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty() or stdin_read)
-    return (place_markers(asked, len(media)) if media else asked), asked, media
+    return (place_markers(asked, len(media)) if media else asked), asked, media, projector
 
 
 def read_media(flags: Mapping[str, Any], stdin: BinaryIO, stdin_is_tty: bool) -> list[Medium]:
@@ -40,11 +53,7 @@ def read_media(flags: Mapping[str, Any], stdin: BinaryIO, stdin_is_tty: bool) ->
         if stdin_is_tty:
             raise UsageError("--image - reads standard input, but standard input is a terminal")
         piped = stdin.read()
-    media = [read_medium(p, kind, stdin=piped) for p, kind in paths]
-    if media and not flags.get("mmproj"):
-        raise MediaError(f"{media[0].name}: reading {media[0].kind} needs the model's projector: "
-                         "give --mmproj FILE (its mmproj-*.gguf)")
-    return media
+    return [read_medium(p, kind, stdin=piped) for p, kind in paths]
 
 
 def open_projector(path: str, session: Any) -> Any:
@@ -62,13 +71,13 @@ def open_projector(path: str, session: Any) -> Any:
 
 
 @contextmanager
-def projector_for(flags: Mapping[str, Any], session: Any, media: list[Medium]) -> Iterator[Any]:
-    """The --mmproj projector loaded for the session's model (None without media), closed
+def projector_for(path: str | None, session: Any, media: list[Medium]) -> Iterator[Any]:
+    """The projector at `path` loaded for the session's model (None without media), closed
     after."""
-    if not media:
+    if not media or path is None:
         yield None
         return
-    projector = open_projector(flags["mmproj"], session)
+    projector = open_projector(path, session)
     try:
         yield projector
     finally:

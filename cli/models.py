@@ -115,14 +115,23 @@ def _show(flags: Mapping[str, Any]) -> None:
     if flags["template"]:
         sys.stdout.write((info.get("chat_template") or "") + "\n")
         return
+    inputs = ("text",)
+    if resolved.mmproj is not None:
+        from infer.runtime.llama import projector_inputs
+
+        inputs += projector_inputs(resolved.mmproj)
     if flags["json_output"]:
+        projector = str(resolved.mmproj) if resolved.mmproj is not None else None
         sys.stdout.write(json.dumps({"model": resolved.reference, "path": str(resolved.path),
-                                     "package": resolved.package, **info}) + "\n")
+                                     "package": resolved.package, "mmproj": projector,
+                                     "inputs": list(inputs), **info}) + "\n")
         return
     template_text = info.get("chat_template") or ""
     lines = [
         ("model", resolved.reference), ("file", str(resolved.path)),
         *([("package", resolved.package)] if resolved.package else []),
+        *([("projector", str(resolved.mmproj))] if resolved.mmproj else []),
+        ("reads", ", ".join(inputs)),
         ("architecture", info["architecture"]), ("name", info.get("name") or ""),
         ("parameters", _count(info["parameters"])), ("quantization", ", ".join(
             f"{t} ({n})" for t, n in info["tensor_types"].items())),

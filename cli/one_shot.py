@@ -97,7 +97,7 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
         return
     from infer.cli.media import projector_for, prompt_and_media, with_media
 
-    text, asked, media = prompt_and_media(flags, prompt_arg)  # (files checked before the model loads)
+    text, asked, media, mmproj = prompt_and_media(flags, prompt_arg, resolved)  # (before the model loads)
     system = flags["system"]
     if entry and entry.system and system is None and not flags["raw"] and record is None:
         system = entry.system
@@ -113,7 +113,7 @@ def _execute_here(flags: Mapping[str, Any], model: str, prompt_arg: str | None, 
 
     from infer.cli.speculation import attach
 
-    with loaded() as session, projector_for(flags, session, media) as projector:
+    with loaded() as session, projector_for(mmproj, session, media) as projector:
         attach(flags, session, plan.placed)
         if flags["verbose"]:
             report(plan.placed, session.model)

@@ -205,7 +205,11 @@ MEDIA = "Images and audio"
 
 MMPROJ = ("mmproj", Annotated[str | None, typer.Option(
     "--mmproj", help="The model's multimodal projector (an mmproj-*.gguf file), which reads the images "
-    "and audio.", rich_help_panel=MEDIA, show_default=False, metavar="FILE")], None)
+    "and audio. A Hub model's comes with it from its repository.", rich_help_panel=MEDIA,
+    show_default=False, metavar="FILE")], None)
+NO_MMPROJ = ("no_mmproj", Annotated[bool, typer.Option(
+    "--no-mmproj", help="Do not fetch or load the Hub repository's projector.", rich_help_panel=MEDIA)],
+    False)
 
 
 def media_options() -> tuple[tuple[str, Any, Any], ...]:
@@ -219,4 +223,5 @@ def media_options() -> tuple[tuple[str, Any, Any], ...]:
             "--audio", help="An audio file (WAV, MP3, FLAC) for the prompt, as --image.",
             rich_help_panel=MEDIA, show_default=False, metavar="PATH")], None),
         MMPROJ,
+        NO_MMPROJ,
     )

@@ -53,6 +53,7 @@ class CatalogEntry:
     sampling: dict[str, float | int] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()  # other names for this entry, e.g. "smollm2" for "smollm2:135m"
     embedded: Embedded | None = None  # a package that carries the file, used before the Hub
+    mmproj: str | None = None  # its repository's projector file (images, audio), if not the best found
     origin: Path = SHIPPED  # the file that defines it (the user's, where it adds or changes it)
 
 

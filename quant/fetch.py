@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from infer.quant import hub
-from infer.quant.quants import choose, group_by_quant
+from infer.quant.quants import choose, choose_mmproj, group_by_quant
 from infer.runtime.errors import ModelError, NetworkError
 
 
@@ -20,16 +20,21 @@ class CheckpointOnlyError(ModelError):
                          f"`infer quantize {repo}` can convert it")
 
 
-def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False,
-               progress: hub.Progress | None = None) -> tuple[Path, str]:
-    """Download (or find in the cache) the chosen quant of `repo`: the first file's path, the quant.
+def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False, progress: hub.Progress | None = None,
+               mmproj: bool | str = True) -> tuple[Path, str, Path | None]:
+    """Download (or find in the cache) the chosen quant of `repo`: the first file's path, the
+    quant, and the repository's multimodal projector if it has one (`mmproj`: fetch it, by
+    this name if a string; False: not). A cached model's projector is the cache's (a model
+    downloaded before infer fetched projectors has none until `infer pull` again).
 
     Split GGUFs come whole: every part is fetched, and llama.cpp opens the first.
     """
     offline = hub.offline_mode(offline)
     cached = _from_cache(repo, quant)
     if cached is not None:  # downloaded once, reused from then on without asking the Hub
-        return cached
+        files = hub.cached_files(repo)
+        name = choose_mmproj(list(files), mmproj if isinstance(mmproj, str) else None) if mmproj else None
+        return (*cached, files[name] if name is not None else None)
     if _checkpoint_cached(repo):  # a safetensors repo fetched before for conversion
         raise CheckpointOnlyError(repo)
     files = hub.list_files(repo, offline=offline, wanted=f"its {quant} GGUF" if quant else "a GGUF file")
@@ -43,10 +48,11 @@ def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False,
         raise NetworkError(f"{repo}: its {quant} GGUF is not in the Hugging Face cache (it holds "
                            f"{', '.join(sorted(groups))}) and {hub.OFFLINE_HINT}")
     chosen = choose(groups, quant, repo=repo)
-    paths = hub.download(repo, [by_path.get(p, hub.RepoFile(p)) for p in chosen.files],
-                         offline=offline,
+    name = choose_mmproj(list(by_path), mmproj if isinstance(mmproj, str) else None) if mmproj else None
+    wanted = [*chosen.files, *([name] if name is not None else [])]
+    paths = hub.download(repo, [by_path.get(p, hub.RepoFile(p)) for p in wanted], offline=offline,
                          progress=progress)
-    return paths[0], chosen.quant
+    return paths[0], chosen.quant, paths[-1] if name is not None else None
 
 
 def _from_cache(repo: str, quant: str | None) -> tuple[Path, str] | None:

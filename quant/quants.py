@@ -62,6 +62,27 @@ def group_by_quant(paths: list[str]) -> dict[str, QuantFiles]:
     return {q: QuantFiles(q, tuple(_ordered_parts(files))) for q, files in groups.items()}
 
 
+# The precision of a repository's projector files, best first (what llama.cpp's -hf takes
+# is the one file it finds; repositories with several offer these).
+_MMPROJ_PREFERENCE = ("F16", "BF16", "Q8_0", "F32")
+
+
+def choose_mmproj(paths: list[str], wanted: str | None = None) -> str | None:
+    """The repository's multimodal projector file (`mmproj*.gguf`): `wanted` (a catalog entry's
+    name for it) if it is there, else the best precision, else the first by name."""
+    def name(path: str) -> str:
+        return path.rsplit("/", 1)[-1].lower()
+
+    found = sorted(p for p in paths if name(p).endswith(".gguf") and "mmproj" in name(p))
+    if wanted is not None and wanted in found:
+        return wanted
+    for precision in _MMPROJ_PREFERENCE:
+        for path in found:
+            if precision.lower() in name(path):
+                return path
+    return found[0] if found else None
+
+
 def _ordered_parts(files: list[str]) -> list[str]:
     """One unsplit file, or every part a split file announces (present or not), in order."""
     split = sorted(f for f in files if SPLIT_PART.search(f))

@@ -42,6 +42,7 @@ class ResolvedModel:
     repo: str | None = None
     quant: str | None = None
     package: str | None = None  # the installed package whose file this is (embedded models)
+    mmproj: Path | None = None  # its multimodal projector (images, audio), from its repository
 
     # What runtime/loading.py reads of a model it opens (a model source):
     @property
@@ -77,10 +78,11 @@ def hub_reference_for(reference: str, entry: CatalogEntry | None = None) -> HubR
 
 def resolve_model(reference: str, *, offline: bool = False,
                   progress: Callable[[str, int, int], None] | None = None,
-                  notice: Callable[[str], None] | None = None) -> ResolvedModel:
+                  notice: Callable[[str], None] | None = None, mmproj: bool = True) -> ResolvedModel:
     """Turn a model reference into a checked local GGUF file, or raise an InferError.
 
     `progress` reports downloads; `notice` gets one-line news such as a first-use conversion.
+    A Hub model's repository's projector comes with it unless `mmproj` is False.
     """
     path = Path(reference).expanduser()
     if path.is_dir():
@@ -115,8 +117,11 @@ def resolve_model(reference: str, *, offline: bool = False,
         )
     from infer.quant.fetch import CheckpointOnlyError, fetch_checkpoint, fetch_gguf
 
+    projector: Path | None = None
     try:
-        local, quant = fetch_gguf(hub.repo, hub.quant, offline=offline, progress=progress)
+        wanted: bool | str = (entry.mmproj or True) if mmproj and entry is not None else mmproj
+        local, quant, projector = fetch_gguf(hub.repo, hub.quant, offline=offline, progress=progress,
+                                             mmproj=wanted)
     except NetworkError as e:
         if entry is None or entry.embedded is None:
             raise
@@ -129,7 +134,7 @@ def resolve_model(reference: str, *, offline: bool = False,
         folder = fetch_checkpoint(hub.repo, offline=offline, progress=progress)
         local = converted_folder(folder, repo=hub.repo, quant=quant, notice=notice)
     verify_gguf(local)
-    return ResolvedModel(reference, local, entry, hub.repo, quant)
+    return ResolvedModel(reference, local, entry, hub.repo, quant, mmproj=projector)
 
 
 def _local_gguf(path: Path, reference: str) -> Path:

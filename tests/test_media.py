@@ -152,3 +152,28 @@ def test_a_chat_reads_an_image_once_and_later_turns_find_it_in_the_cache(vision:
     assert resumed.returncode == 0 and "error" not in resumed.stderr, resumed.stderr
     assert "loaded session 'pics'" in resumed.stderr and "again" not in resumed.stderr
     assert _stats(resumed.stdout.splitlines()[-1])[1] >= turns[-1][0]  # both images from the saved state
+
+
+def test_a_hub_model_brings_its_repositorys_projector(vision: SimpleNamespace,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """owner/repo: the projector comes with the model (the best precision of those there, as
+    llama.cpp's -hf takes one), `infer show` says what the model reads, --no-mmproj leaves it."""
+    from hub_server import HubServer
+
+    repo = "acme/tiny-vision-GGUF"
+    with HubServer() as hub:
+        hub.add_repo(repo, {"tiny-vision-Q8_0.gguf": vision.model.read_bytes(),
+                            "mmproj-tiny-vision-f16.gguf": vision.mmproj.read_bytes(),
+                            "mmproj-tiny-vision-q8_0.gguf": vision.other.read_bytes()}, lfs_min_size=1024)
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        ran = run_cli("run", repo, *GREEDY, "--image", vision.a, "Describe it.")
+        assert ran.returncode == 0, ran.stderr
+        assert hub.downloads[(repo, "mmproj-tiny-vision-f16.gguf")] == 1
+        assert (repo, "mmproj-tiny-vision-q8_0.gguf") not in hub.downloads
+        here = run_cli("run", vision.model, "--mmproj", vision.mmproj, *GREEDY, "--image", vision.a,
+                       "Describe it.")
+        assert ran.stdout == here.stdout
+        shown = run_cli("show", repo)
+        assert "reads" in shown.stdout and "text, images" in shown.stdout, shown.stdout
+        assert_one_line_error(run_cli("run", repo, "--no-mmproj", "--image", vision.a, "Hi"), 2,
+                              "needs the model's projector")

@@ -43,6 +43,7 @@ _EXPORTS = {
     "set_decode_watchdog": "context",
     "Chunk": "projector",
     "Projector": "projector",
+    "projector_inputs": "projector",
     "SamplerChain": "sampler_chain",
     "SamplerSpec": "sampler_chain",
 }

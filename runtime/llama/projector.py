@@ -45,6 +45,12 @@ class Chunk:
 _KINDS = {0: "text", 1: "image", 2: "audio"}
 
 
+def projector_inputs(path: str | Path) -> tuple[str, ...]:
+    """What the projector file at `path` reads ("images", "audio"), from its header alone."""
+    caps = _mtmd().mtmd_get_cap_from_file(str(path).encode())
+    return tuple(name for name, has in (("images", caps.inp_vision), ("audio", caps.inp_audio)) if has)
+
+
 class Projector:
     """An mmproj file loaded for one text model. Close it before the model."""
 
