@@ -100,9 +100,12 @@ def place_markers(text: str, count: int) -> str:
     return MARKER * count + text
 
 
-def pseudo_token(digest: str) -> int:
-    """The negative id that stands for each position of a medium in a token list."""
-    return -2 - int(digest[:8] or "0", 16) % (1 << 30)
+def pseudo_token(digest: str, part: int = 0) -> int:
+    """The negative id that stands for each position of a medium's `part`-th chunk in a token
+    list (a model that cuts an image into tiles, as SmolVLM's, gives one chunk per tile)."""
+    import hashlib
+
+    return -2 - int.from_bytes(hashlib.sha256(f"{digest}:{part}".encode()).digest()[:4], "big") % (1 << 30)
 
 
 @dataclass
@@ -135,11 +138,13 @@ def media_prompt(projector: Projector, text: str, media: Sequence[Medium], *,
             raise MediaError(f"{m.name}: this model's projector takes no {m.kind}")
     chunks, free = projector.chunks(text, [(m.name, m.data) for m in media], add_special=add_special)
     out = MediaPrompt(projector, [], free=free)
+    parts: dict[str, int] = {}  # chunks of each medium so far
     for chunk in chunks:
         if chunk.kind == "text":
             out.tokens.extend(chunk.tokens)
         else:
-            token = pseudo_token(chunk.digest)
+            token = pseudo_token(chunk.digest, parts.get(chunk.digest, 0))
+            parts[chunk.digest] = parts.get(chunk.digest, 0) + 1
             out.media[token] = chunk
             out.tokens.extend([token] * chunk.n_tokens)
     return out

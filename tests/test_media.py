@@ -177,3 +177,30 @@ def test_a_hub_model_brings_its_repositorys_projector(vision: SimpleNamespace,
         assert "reads" in shown.stdout and "text, images" in shown.stdout, shown.stdout
         assert_one_line_error(run_cli("run", repo, "--no-mmproj", "--image", vision.a, "Hi"), 2,
                               "needs the model's projector")
+
+
+def test_the_tiles_of_one_image_are_runs_of_their_own() -> None:
+    """A projector that cuts an image into tiles (SmolVLM's) gives one chunk per tile, all with
+    the image's id: each tile is a run of its own pseudo-token, evaluated on its own, and the
+    same image in the next prompt gives the same runs (the KV cache's prefix holds it)."""
+    from infer.runtime.llama import Chunk
+    from infer.runtime.media import Medium, media_prompt, run_start, spans
+
+    class Tiler:
+        vision, audio = True, False
+
+        def chunks(self, text, media, *, add_special):
+            tile = [Chunk("image", 3, digest="d" * 64, handle=i) for i in range(2)]
+            return [Chunk("text", 2, (5, 6)), *tile, Chunk("text", 1, (7,))], lambda: None
+
+    image = Medium("a.png", "image", b"\x89PNG")
+    first = media_prompt(Tiler(), "<__media__>", [image], add_special=True)
+    assert first.tokens[:2] == [5, 6] and first.tokens[-1] == 7 and len(first.tokens) == 9
+    assert len(set(first.tokens[2:5])) == 1 and len(set(first.tokens[5:8])) == 1
+    assert first.tokens[2] != first.tokens[5] and all(t < 0 for t in first.tokens[2:8])
+    pieces = [(a, b, m.handle if m is not None else None) for a, b, m in spans(first.tokens, 0, 9, 512,
+                                                                                first.media)]
+    assert pieces == [(0, 2, None), (2, 5, 0), (5, 8, 1), (8, 9, None)]
+    assert run_start(first.tokens, 6) == 5 and run_start(first.tokens, 3) == 2
+    again = media_prompt(Tiler(), "<__media__>", [image], add_special=True)
+    assert again.tokens == first.tokens
