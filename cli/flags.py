@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
     from infer.runtime.params import ContextParams
 
-def resolve(flags: Mapping[str, Any]) -> Any:
-    """The model the MODEL argument names, downloaded with progress on stderr if needed."""
+def resolve(flags: Mapping[str, Any], *, ask: bool = False) -> Any:
+    """The model the MODEL argument names, downloaded with progress on stderr if needed (`ask`:
+    a cached Hub model's listing read again, for infer pull)."""
     from infer.cli.progress import DownloadProgress
     from infer.quant.registry import resolve_model
 
@@ -31,7 +32,7 @@ def resolve(flags: Mapping[str, Any]) -> Any:
 
     with DownloadProgress() as progress:
         return resolve_model(flags["model"], offline=flags.get("offline", False), progress=progress,
-                             notice=notice, mmproj=not flags.get("no_mmproj", False))
+                             notice=notice, mmproj=not flags.get("no_mmproj", False), ask=ask)
 
 
 def read_text_file(path: str | Path, what: str) -> str:

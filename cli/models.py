@@ -22,16 +22,21 @@ ModelArg = Annotated[str, typer.Argument(
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def pull(ctx: typer.Context, model: ModelArg, offline: o.Offline = False) -> None:
-    """Download a model into the Hugging Face cache without running it; print its path."""
+NoMmproj = Annotated[bool, typer.Option("--no-mmproj", help="Not the repository's projector (mmproj) file.")]
+
+
+def pull(ctx: typer.Context, model: ModelArg, offline: o.Offline = False,
+         no_mmproj: NoMmproj = False) -> None:
+    """Download a model (and its repository's projector, for images and audio) into the Hugging
+    Face cache without running it; print its path (and the projector's)."""
     shielded(_pull, ctx.params)
 
 
 def _pull(flags: Mapping[str, Any]) -> None:
-    resolved = resolve(flags)
+    resolved = resolve(flags, ask=not flags.get("offline"))
     what = f"{resolved.repo}:{resolved.quant}" if resolved.repo else resolved.reference
     sys.stderr.write(f"infer: {what} is ready\n")
-    sys.stdout.write(f"{resolved.path}\n")
+    sys.stdout.write(f"{resolved.path}\n" + (f"{resolved.mmproj}\n" if resolved.mmproj else ""))
 
 
 Catalog = Annotated[bool, typer.Option(

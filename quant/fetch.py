@@ -21,16 +21,16 @@ class CheckpointOnlyError(ModelError):
 
 
 def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False, progress: hub.Progress | None = None,
-               mmproj: bool | str = True) -> tuple[Path, str, Path | None]:
+               mmproj: bool | str = True, ask: bool = False) -> tuple[Path, str, Path | None]:
     """Download (or find in the cache) the chosen quant of `repo`: the first file's path, the
     quant, and the repository's multimodal projector if it has one (`mmproj`: fetch it, by
-    this name if a string; False: not). A cached model's projector is the cache's (a model
-    downloaded before infer fetched projectors has none until `infer pull` again).
+    this name if a string; False: not). A cached model's projector is the cache's, unless
+    `ask` (infer pull): then the Hub's listing is read again and what is missing fetched.
 
     Split GGUFs come whole: every part is fetched, and llama.cpp opens the first.
     """
     offline = hub.offline_mode(offline)
-    cached = _from_cache(repo, quant)
+    cached = _from_cache(repo, quant) if not ask or offline else None
     if cached is not None:  # downloaded once, reused from then on without asking the Hub
         files = hub.cached_files(repo)
         name = choose_mmproj(list(files), mmproj if isinstance(mmproj, str) else None) if mmproj else None

@@ -78,11 +78,13 @@ def hub_reference_for(reference: str, entry: CatalogEntry | None = None) -> HubR
 
 def resolve_model(reference: str, *, offline: bool = False,
                   progress: Callable[[str, int, int], None] | None = None,
-                  notice: Callable[[str], None] | None = None, mmproj: bool = True) -> ResolvedModel:
+                  notice: Callable[[str], None] | None = None, mmproj: bool = True,
+                  ask: bool = False) -> ResolvedModel:
     """Turn a model reference into a checked local GGUF file, or raise an InferError.
 
     `progress` reports downloads; `notice` gets one-line news such as a first-use conversion.
-    A Hub model's repository's projector comes with it unless `mmproj` is False.
+    A Hub model's repository's projector comes with it unless `mmproj` is False; `ask`: read
+    the Hub's listing even for a cached model (infer pull), fetching what is missing.
     """
     path = Path(reference).expanduser()
     if path.is_dir():
@@ -121,7 +123,7 @@ def resolve_model(reference: str, *, offline: bool = False,
     try:
         wanted: bool | str = (entry.mmproj or True) if mmproj and entry is not None else mmproj
         local, quant, projector = fetch_gguf(hub.repo, hub.quant, offline=offline, progress=progress,
-                                             mmproj=wanted)
+                                             mmproj=wanted, ask=ask)
     except NetworkError as e:
         if entry is None or entry.embedded is None:
             raise

@@ -177,6 +177,16 @@ def test_a_hub_model_brings_its_repositorys_projector(vision: SimpleNamespace,
         assert "reads" in shown.stdout and "text, images" in shown.stdout, shown.stdout
         assert_one_line_error(run_cli("run", repo, "--no-mmproj", "--image", vision.a, "Hi"), 2,
                               "needs the model's projector")
+        # a model cached without its projector (--no-mmproj, or an older infer) gets it by a pull
+        other = "acme/tiny-vision-2-GGUF"
+        hub.add_repo(other, {"tiny-vision-Q8_0.gguf": vision.model.read_bytes(),
+                             "mmproj-tiny-vision-f16.gguf": vision.mmproj.read_bytes()}, lfs_min_size=1024)
+        assert run_cli("pull", other, "--no-mmproj").stdout.count("\n") == 1
+        assert (other, "mmproj-tiny-vision-f16.gguf") not in hub.downloads
+        pulled = run_cli("pull", other)
+        assert pulled.returncode == 0, pulled.stderr
+        assert pulled.stdout.strip().endswith("mmproj-tiny-vision-f16.gguf"), pulled.stdout
+        assert hub.downloads[(other, "tiny-vision-Q8_0.gguf")] == 1
 
 
 def test_the_tiles_of_one_image_are_runs_of_their_own() -> None:
