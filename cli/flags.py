@@ -143,10 +143,13 @@ def spec_params(flags: Mapping[str, Any]) -> Any:
 def load_plan(flags: Mapping[str, Any], resolved: Any, *, slots: Any = None) -> Any:
     """Where the resolved model goes with the context flags (runtime.loading.plan_load), and
     with --rpc the guard that turns a lost worker into exit 4."""
+    from infer.cli.media import projector_path
     from infer.runtime.loading import plan_load
 
     cparams = context_params(flags)
-    plan = plan_load(resolved, cparams, slots=slots)
+    projector = projector_path(flags, resolved)
+    reserve = os.path.getsize(projector) if projector is not None and os.path.isfile(projector) else 0
+    plan = plan_load(resolved, cparams, slots=slots, reserve=reserve)
     if cparams.rpc:
         from infer.cli.placement import guard_workers
 

@@ -59,6 +59,9 @@ def explain(placed: Placed, reference: str) -> None:
                       size_text(pl.total), size_text(pl.free), style=None if pl.fits else "bold red")
     console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     console.print(table)
+    if placed.reserved is not None:
+        console.print(f"projector (images, audio): {size_text(placed.reserved[1])} kept on "
+                      f"{placed.reserved[0]} (its weights, beside the table's)")
     console.print(f"offload: -ngl {plan.n_gpu_layers} of {layout.n_layer + 1} layers"
                   + (f", tensor split {','.join(f'{w:g}' for w in plan.tensor_split)}"
                      if plan.tensor_split else ""))

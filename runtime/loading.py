@@ -89,17 +89,19 @@ class OpenedModel:
     placed: Placed | None = field(default=None, repr=False)
 
 
-def plan_load(source: Any, cparams: ContextParams, *, slots: Slots | None = None) -> LoadPlan:
+def plan_load(source: Any, cparams: ContextParams, *, slots: Slots | None = None,
+              reserve: int = 0) -> LoadPlan:
     """Where `source` goes with `cparams` (its alias's context unless cparams.n_ctx is set);
     with `slots`, a KV stream per sequence: without -c, SLOT_CONTEXT cells each (at most the
     training context); -c is the cells of all of them (-c 0: the training context's, as
     llama-server's). With pooled slots, -c's default is the model's context (as a single
     context's: its training context, shrunk to what fits). ResourceError where it cannot
-    fit; NetworkError for an --rpc worker that cannot be reached."""
+    fit; NetworkError for an --rpc worker that cannot be reached. `reserve`: bytes kept for a
+    projector (its file's size)."""
     if source.ctx_size and cparams.n_ctx is None:
         cparams = replace(cparams, n_ctx=source.ctx_size)
     if slots is None:
-        return LoadPlan(source, place(source.layout, cparams))
+        return LoadPlan(source, place(source.layout, cparams, reserve=reserve))
     layout = source.layout()
     if cparams.n_ctx == 0:
         cparams = replace(cparams, n_ctx=cparams.resolved_n_ctx(layout.n_ctx_train))
@@ -107,7 +109,8 @@ def plan_load(source: Any, cparams: ContextParams, *, slots: Slots | None = None
     streams = parallel + slots.extra
     n_ctx = cparams.n_ctx or (None if slots.pooled else
                               streams * min(layout.n_ctx_train or SLOT_CONTEXT, SLOT_CONTEXT))
-    placed = place(source.layout, replace(cparams, n_ctx=n_ctx, n_seq_max=streams), whole=slots.pooled)
+    placed = place(source.layout, replace(cparams, n_ctx=n_ctx, n_seq_max=streams), whole=slots.pooled,
+                   reserve=reserve)
     return LoadPlan(source, placed, parallel)
 
 

@@ -38,6 +38,7 @@ class Placed:
     layout: ModelLayout | None
     shrunk_from: int | None = None  # the default context, when it had to be made smaller
     unplanned: LayoutError | None = None
+    reserved: tuple[str, int] | None = None  # (device, bytes) kept for the projector (images, audio)
 
     @property
     def handles(self) -> list[int]:
@@ -59,8 +60,10 @@ def host_free() -> int:
     return cpu[0].free if cpu else 0
 
 
-def place(read_layout: Callable[[], ModelLayout], cparams: ContextParams, *, whole: bool = False) -> Placed:
-    """Plan the load of the model whose layout `read_layout` gives with ``cparams``.
+def place(read_layout: Callable[[], ModelLayout], cparams: ContextParams, *, whole: bool = False,
+          reserve: int = 0) -> Placed:
+    """Plan the load of the model whose layout `read_layout` gives with ``cparams``; `reserve`:
+    bytes kept on the first local GPU it offloads to (else the CPU) for a projector.
 
     Connects to the --rpc workers (NetworkError naming one that is unreachable). A
     context given with -c that does not fit raises ResourceError naming the largest that
@@ -87,6 +90,14 @@ def place(read_layout: Callable[[], ModelLayout], cparams: ContextParams, *, who
     cpu = next((d for d in ggml.devices() if d.kind == "cpu"), None)
     host = budget("CPU", cpu.description if cpu else "CPU", host_free(), HOST_MARGIN)
     budgets = [budget(d.name, d.description, d.free, DEVICE_MARGIN) for d in offload]
+    reserved = None
+    if reserve:  # (libmtmd puts the projector on the first GPU, as the model's first layers)
+        at = next((i for i, d in enumerate(offload) if not d.remote), None) if local_gpu else None
+        if at is None:
+            host, reserved = replace(host, free=max(0, host.free - reserve)), ("CPU", reserve)
+        else:
+            budgets[at] = replace(budgets[at], free=max(0, budgets[at].free - reserve))
+            reserved = (offload[at].name, reserve)
 
     def make(shape: ContextShape) -> MemoryPlan:
         return plan_memory(layout, shape, host=host, devices=budgets,
@@ -101,7 +112,7 @@ def place(read_layout: Callable[[], ModelLayout], cparams: ContextParams, *, who
         raise ResourceError(does_not_fit(plan))
     params = replace(cparams, n_ctx=plan.n_ctx, n_gpu_layers=plan.n_gpu_layers,
                      tensor_split=plan.tensor_split)
-    return Placed(params, offload, plan, layout, shrunk_from)
+    return Placed(params, offload, plan, layout, shrunk_from, reserved=reserved)
 
 
 def size_text(n: int) -> str:

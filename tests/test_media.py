@@ -214,3 +214,10 @@ def test_the_tiles_of_one_image_are_runs_of_their_own() -> None:
     assert run_start(first.tokens, 6) == 5 and run_start(first.tokens, 3) == 2
     again = media_prompt(Tiler(), "<__media__>", [image], add_special=True)
     assert again.tokens == first.tokens
+
+
+def test_explain_counts_the_projector(vision: SimpleNamespace) -> None:
+    shown = run_cli("run", vision.model, "--mmproj", vision.mmproj, "--explain")
+    assert shown.returncode == 0, shown.stderr
+    assert "projector (images, audio): 0 MiB kept on CPU" in shown.stdout, shown.stdout
+    assert "projector" not in run_cli("run", vision.model, "--explain").stdout
