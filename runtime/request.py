@@ -41,6 +41,7 @@ class Request:
     cancelled: bool = False  # set from any thread: the request ends at the next step
     checkpoint: int = 0  # the prompt cache may save the state of tokens[:checkpoint] (0: never)
     thinking: ThinkingPlan | None = None  # a thinking model's reply: runtime/thinking.py
+    media: Any = None  # runtime.media.MediaPrompt: the media in `tokens` (runs of pseudo-tokens)
 
 
 @dataclass

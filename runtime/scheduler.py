@@ -42,6 +42,7 @@ from typing import Any
 from infer.runtime.errors import InferError
 from infer.runtime.generation import Generation
 from infer.runtime.llama import Batch, Context, Model
+from infer.runtime.media import run_start
 from infer.runtime.preemption import Room
 from infer.runtime.prompt_cache import PromptCache
 from infer.runtime.request import Delta, Outcome, Request
@@ -215,6 +216,9 @@ class Scheduler:
         tokens = request.tokens
         if not tokens:
             return Outcome(request.key, error="the prompt is empty", request=request)
+        if tokens[-1] < 0:
+            return Outcome(request.key, error="the prompt ends with a medium: some text must follow it",
+                           request=request)
         own = len(tokens) - min(common_prefix_len(tokens, self.prefix), len(tokens) - 1)
         max_tokens = request.params.max_tokens
         error = self.fit_error(own, max_tokens)
@@ -225,6 +229,7 @@ class Scheduler:
         if self.prompt_cache is not None and shared < self.prompt_cache.min_tokens < len(tokens):
             slot, donor, shared = self._restore(tokens, slot, donor, shared)
         shared = min(shared, len(tokens) - 1)  # the last prompt token is decoded in the slot, for its logits
+        shared = run_start(tokens, shared)  # (a medium is evaluated whole)
         limit = room if max_tokens is None else max_tokens
         try:
             gen = Generation(self.model, request.params.with_seed(), limit, slot.spec,
@@ -269,7 +274,9 @@ class Scheduler:
 
     def _step(self, active: list[Slot]) -> None:
         """One decode: the next token of each generating slot (and its guesses), then prefill
-        chunks as room allows."""
+        chunks as room allows (a medium first, on its own: Slot.prefill_media)."""
+        for slot in active:
+            self.prefilled_tokens += slot.prefill_media(self.context, self.room, self.pooled)
         batch = self.batch
         batch.clear()
         generating = [slot for slot in active if slot.generating]
@@ -297,19 +304,11 @@ class Scheduler:
             room = min(batch.capacity - len(batch), self._spare)
             if not slot.prefilling or room <= 0:
                 continue
-            assert slot.request is not None
-            tokens, sampled = slot.source(), slot.next_token is not None  # (sampled: decoded again)
-            checkpoint = 0 if sampled else self._checkpoint(slot)
-            # A chunk ends at the checkpoint, so that the sequence then holds just that prefix.
-            end = min(slot.n_past + room, checkpoint if slot.n_past < checkpoint else slot.target)
-            for pos in range(slot.n_past, end):
-                index = batch.add(tokens[pos], pos, slot.seq_id, pos == slot.target - 1 and not sampled)
-            self.prefilled_tokens += end - slot.n_past
-            self._spare -= end - slot.n_past
-            slot.n_past = end
-            if end == slot.target and not sampled:
-                slot.logits_index = index
-            if end == checkpoint:
+            checkpoint = 0 if slot.next_token is not None else self._checkpoint(slot)
+            added = slot.add_prefill(batch, room, checkpoint)
+            self.prefilled_tokens += added
+            self._spare -= added
+            if checkpoint and slot.n_past == checkpoint:
                 saving.append(slot)
         t0 = time.perf_counter()
         self.context.decode(batch)
@@ -338,8 +337,8 @@ class Scheduler:
         """What the slot guesses after its next token (just added to the batch): never past its
         token limit, and leaving room in the batch for the `after` slots still to add theirs."""
         gen = slot.gen
-        if gen.spec is None:
-            return []
+        if gen.spec is None or (slot.request is not None and slot.request.media is not None):
+            return []  # (a prompt's media are no tokens a guess could repeat)
         assert slot.next_token is not None
         room = min(gen.limit - len(gen.generated), self.batch.capacity - len(self.batch) - after, self._spare)
         base = len(self.batch) + after  # the step's tokens without this slot's guesses

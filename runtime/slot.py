@@ -77,6 +77,40 @@ class Slot:
                        ttft_ms=(self.t_first - self.t_start) * 1000,
                        prefill_tokens=len(self.request.tokens) - self.cached)
 
+    def add_prefill(self, batch: Any, room: int, checkpoint: int) -> int:
+        """Add the slot's next prefill chunk to `batch` (at most `room` tokens; its logits where
+        the prompt ends, unless a sampled token waits: then the slot recomputes what it had);
+        how many. A chunk ends at the `checkpoint`, so that the sequence then holds just that
+        prefix (the prompt cache saves it), and before a medium (`prefill_media` next step)."""
+        tokens, sampled = self.source(), self.next_token is not None
+        end = min(self.n_past + room, checkpoint if self.n_past < checkpoint else self.target)
+        end = next((pos for pos in range(self.n_past, end) if tokens[pos] < 0), end)
+        index = None
+        for pos in range(self.n_past, end):
+            index = batch.add(tokens[pos], pos, self.seq_id, pos == self.target - 1 and not sampled)
+        added, self.n_past = end - self.n_past, end
+        if end == self.target and not sampled:
+            self.logits_index = index
+        return added
+
+    def prefill_media(self, context: Any, room: Any, pooled: bool) -> int:
+        """Where the slot's next prompt position is a medium's: the medium encoded and its
+        embeddings decoded into its sequence now, by libmtmd's own decodes (a medium never
+        shares a batch; the text before it is in the cache already), cells allowing. How many
+        positions that filled."""
+        request = self.request
+        if not self.prefilling or self.next_token is not None or request is None or request.media is None:
+            return 0
+        start = self.n_past
+        while self.n_past < self.target - 1 and request.tokens[self.n_past] < 0:
+            chunk = request.media.media[request.tokens[self.n_past]]
+            if pooled and room.pool.free < chunk.n_tokens:
+                break  # (it waits for cells, as a text chunk does)
+            request.media.projector.evaluate(context, chunk, self.n_past, self.seq_id, logits_last=False)
+            self.n_past += chunk.n_tokens
+            room.grew(self)
+        return self.n_past - start
+
     @property
     def prefilling(self) -> bool:
         return self.request is not None and self.n_past < self.target
