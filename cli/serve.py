@@ -62,6 +62,7 @@ SERVER = "Server"
         "--chat-template-file", help="A Jinja chat template to use instead of the models' own.",
         rich_help_panel=SERVER)], None),
     o.NO_CACHE,
+    o.MMPROJ,
     ("no_socket", Annotated[bool, typer.Option(
         "--no-socket", help="Do not listen on the Unix socket in INFER_HOME (serve.sock) as well.",
         rich_help_panel=SERVER)], False),
@@ -92,6 +93,9 @@ def execute(flags: Mapping[str, Any]) -> None:
                     chat_template=_template(flags))
     if flags["model"] is not None:  # a bad default model fails now, with its exit code
         resolve({**flags, "offline": True})
+    if flags["mmproj"] is not None and (flags["model"] is None or not Path(flags["mmproj"]).is_file()):
+        raise UsageError(f"--mmproj {flags['mmproj']}: " + ("no such file" if flags["model"] is not None
+                         else "it is the projector of the MODEL given on the command line: give one"))
     if flags["explain"]:
         raise UsageError("--explain is for infer run, chat and batch")
     from infer.cli.prompt_cache import open_cache
@@ -124,7 +128,8 @@ def execute(flags: Mapping[str, Any]) -> None:
             [sock] if local is None else [sock, local], context=cparams, parallel=flags["parallel"],
             default=flags["model"], config=config, max_models=flags["max_models"],
             keep_alive_s=keep_alive, max_waiting=flags["queue"], speculation=speculation,
-            prompt_cache=cache, verbose=flags["verbose"])
+            prompt_cache=cache, verbose=flags["verbose"],
+            mmproj=Path(flags["mmproj"]) if flags["mmproj"] else None)
     finally:
         if local is not None:  # (uvicorn closes the sockets it was given but leaves their files)
             with contextlib.suppress(OSError):

@@ -33,8 +33,12 @@ def chat_messages(value: Any) -> tuple[dict[str, Any], ...]:
                              f"{where}.role must be system, developer, user, assistant or tool")
         calls = assistant_calls(m, where) if role == "assistant" and m.get("tool_calls") is not None else []
         content = m.get("content")
+        media: list[Any] = []
         message = {**(tool_result(m, where, names) if role == "tool" else {"role": role}),
-                   "content": "" if content is None and calls else _content(content, f"{where}.content")}
+                   "content": "" if content is None and calls else _content(content, f"{where}.content",
+                                                                           media if role == "user" else None)}
+        if media:
+            message["media"] = tuple(media)
         if calls:
             message["tool_calls"] = calls
             names.update((c["id"], c["function"]["name"]) for c in calls)
@@ -57,7 +61,10 @@ def _history_reasoning(message: dict[str, Any], where: str) -> str | None:
     return None
 
 
-def _content(value: Any, where: str) -> str:
+def _content(value: Any, where: str, media: list[Any] | None = None) -> str:
+    """A message's text: a string, or text parts joined. In a user message (`media` given), an
+    `image_url` or `input_audio` part is a medium: appended to `media`, its place in the text
+    libmtmd's marker."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -67,6 +74,12 @@ def _content(value: Any, where: str) -> str:
         at = f"{where}[{j}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise FieldError(at, f"{at} must be an object with a type")
+        if part["type"] in ("image_url", "input_audio") and media is not None:
+            from infer.runtime.media import MARKER, part_medium
+
+            media.append(part_medium(part, at))
+            texts.append(MARKER)
+            continue
         if part["type"] != "text":
             raise FieldError(f"{at}.type", f"{at}.type: a content part of type {part['type']!r} is not "
                              "supported", unsupported=True)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from infer.runtime.errors import ContextOverflowError, MediaError, UsageError
-from infer.runtime.media import MediaPrompt, Medium, media_prompt, place_markers
+from infer.runtime.media import MediaPrompt, Medium, media_of, media_prompt, place_markers, text_only
 from infer.runtime.messages import CONTEXT_POLICIES, Dropped, Messages, check_context_policy
 from infer.runtime.prompt import adds_bos, preamble_len
 from infer.runtime.sampling import SamplingParams
@@ -65,14 +65,14 @@ class Conversation(Messages):
 
     def _render(self, messages: list[dict[str, Any]]) -> ThinkingPrompt:
         """The prompt of `messages`, with a thinking model's settings and plan (self.thinking)."""
-        return thinking_prompt(self.session.model, _text_only(messages), template=self.template,
+        return thinking_prompt(self.session.model, text_only(messages), template=self.template,
                                request=self.thinking)
 
     def _prompt(self, messages: list[dict[str, Any]]) -> tuple[ThinkingPrompt, list[int], MediaPrompt | None]:
         """The rendering of `messages`, its tokens with the media in them, and the media's
         chunks (close them after use)."""
         rendered = self._render(messages)
-        media = [m for message in messages for m in message.get("media", ())]
+        media = media_of(messages)
         if not media:
             return rendered, rendered.tokens, None
         if self.projector is None:
@@ -143,15 +143,10 @@ class Conversation(Messages):
             return {}  # a later turn: the session holds the conversation so far
         started = time.perf_counter()  # loading a state counts towards time to first token
         held = cache.restore(self.session, tokens)
-        preamble = preamble_len(self.session.model, _text_only(self.messages), tokens,
+        preamble = preamble_len(self.session.model, text_only(self.messages), tokens,
                                 template=self.template, variables=variables)
         if preamble < cache.min_tokens or held >= preamble:
             return {"started": started}
         return {"started": started, "checkpoints": (preamble,),
                 "on_checkpoint": lambda _n: cache.store(self.session, self.cache_name, wait=False)}
 
-
-def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as the template sees them: a message's media stay out (their markers are
-    in its content)."""
-    return [{k: v for k, v in m.items() if k != "media"} if "media" in m else m for m in messages]

@@ -16,6 +16,7 @@ in the background; `open_model` is both steps.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from infer.runtime.llama import Model
@@ -87,6 +88,7 @@ class OpenedModel:
     parallel: int
     sampling_defaults: dict[str, Any]  # the file's recommendations, then its alias's
     placed: Placed | None = field(default=None, repr=False)
+    projector_file: Path | None = None  # its multimodal projector (images, audio), if it has one
 
 
 def plan_load(source: Any, cparams: ContextParams, *, slots: Slots | None = None,
@@ -114,9 +116,10 @@ def plan_load(source: Any, cparams: ContextParams, *, slots: Slots | None = None
     return LoadPlan(source, placed, parallel)
 
 
-def open_model(source: Any, cparams: ContextParams, *, slots: Slots | None = None) -> OpenedModel:
+def open_model(source: Any, cparams: ContextParams, *, slots: Slots | None = None,
+               reserve: int = 0) -> OpenedModel:
     """Plan and load `source` (see plan_load)."""
-    return plan_load(source, cparams, slots=slots).open_model()
+    return plan_load(source, cparams, slots=slots, reserve=reserve).open_model()
 
 
 def sampling_defaults(model: Model, source: Any) -> dict[str, Any]:

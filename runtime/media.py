@@ -70,6 +70,44 @@ def medium(name: str, data: bytes, kind: str | None = None) -> Medium:
     return Medium(name, found[0], data)
 
 
+def part_medium(part: dict, where: str) -> Medium:
+    """An OpenAI content part's medium: `image_url` with a `data:` URL (base64), or
+    `input_audio` ({"data": base64, "format": "wav"|"mp3"|"flac"}); a FieldError names a bad
+    part (an http(s) URL too: infer fetches no remote media yet)."""
+    import base64
+    import binascii
+
+    from infer.runtime.errors import FieldError
+
+    if part["type"] == "image_url":
+        spec = part.get("image_url")
+        url = spec.get("url") if isinstance(spec, dict) else spec
+        if not isinstance(url, str):
+            raise FieldError(f"{where}.image_url.url", f"{where}.image_url.url must be a string")
+        if url.startswith(("http://", "https://")):
+            raise FieldError(f"{where}.image_url.url", f"{where}.image_url.url: infer serve does not fetch "
+                             "remote images (yet): send the image as a data: URL", unsupported=True)
+        head, comma, data = url.partition(",")
+        if not (url.startswith("data:") and comma and head.endswith(";base64")):
+            raise FieldError(f"{where}.image_url.url", f"{where}.image_url.url must be a data: URL "
+                             "(data:image/png;base64,...) or an http(s) URL")
+        kind, field_name = "image", f"{where}.image_url.url"
+    else:
+        spec = part.get("input_audio")
+        data = spec.get("data") if isinstance(spec, dict) else None
+        if not isinstance(data, str):
+            raise FieldError(f"{where}.input_audio.data", f"{where}.input_audio.data must be base64 text")
+        kind, field_name = "audio", f"{where}.input_audio.data"
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise FieldError(field_name, f"{field_name}: not valid base64") from None
+    try:
+        return medium(field_name, raw, kind)
+    except MediaError as e:
+        raise FieldError(field_name, str(e)) from None
+
+
 def read_medium(path: str, kind: str | None = None, *, stdin: bytes | None = None) -> Medium:
     """The file at `path` (`-`: `stdin`'s bytes) as a checked medium."""
     if path == "-":
@@ -123,6 +161,9 @@ class MediaPrompt:
         self.free()
         self.free = lambda: None
 
+    def __del__(self) -> None:  # (a server's requests share one: freed with the last of them)
+        self.close()
+
     def __enter__(self) -> MediaPrompt:
         return self
 
@@ -175,3 +216,14 @@ def spans(tokens: Sequence[int], start: int, stop: int, n_batch: int,
                 j += 1
             yield i, j, None
             i = j
+
+
+def media_of(messages: Sequence[dict]) -> list[Medium]:
+    """The media of a chat's messages, in order (each message's "media", as its markers)."""
+    return [m for message in messages for m in message.get("media", ())]
+
+
+def text_only(messages: Sequence[dict]) -> list[dict]:
+    """The messages as a chat template sees them: without their media (their markers stay in
+    the content)."""
+    return [{k: v for k, v in m.items() if k != "media"} if "media" in m else dict(m) for m in messages]

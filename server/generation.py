@@ -62,7 +62,7 @@ class Generations:
         thinking = ready.thinking
         mailbox = Mailbox(asyncio.get_running_loop())
         requests = _submit(served, gen, ready.tokens, ready.params, mailbox, checkpoint=ready.checkpoint,
-                           thinking=thinking.plan if thinking is not None else None)
+                           thinking=thinking.plan if thinking is not None else None, media=ready.media)
         reply = Reply(served, gen, len(ready.tokens), self.metrics.of(served.name), thinking=thinking,
                       calls=ready.calls)
         gone = functools.partial(self._abandon, reply, mailbox, requests, served)
@@ -124,7 +124,8 @@ class Generations:
 
 
 def _submit(served: Served, gen: schema.Generation, tokens: list[int], params: SamplingParams,
-            mailbox: Mailbox, *, checkpoint: int = 0, thinking: ThinkingPlan | None = None) -> list[Request]:
+            mailbox: Mailbox, *, checkpoint: int = 0, thinking: ThinkingPlan | None = None,
+            media: Any = None) -> list[Request]:
     requests = []
     try:
         for i in range(gen.n):
@@ -132,7 +133,8 @@ def _submit(served: Served, gen: schema.Generation, tokens: list[int], params: S
             if params.seed is not None and i:  # the choices differ, and each can be reproduced
                 choice_params = replace(params, seed=(params.seed + i) % 0xFFFFFFFF)
             request = Request(i, tokens, choice_params, logprobs=gen.logprobs,
-                              on_delta=mailbox.sender(i), checkpoint=checkpoint, thinking=thinking)
+                              on_delta=mailbox.sender(i), checkpoint=checkpoint, thinking=thinking,
+                              media=media)
             served.engine.submit(request, on_done=mailbox.sender(i))
             requests.append(request)
     except (Busy, Closed) as e:

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 from infer.quant.registry import resolve_model
 from infer.runtime.loading import OpenedModel, Slots, open_model
 from infer.runtime.params import ContextParams
@@ -25,9 +28,13 @@ def find_model(name: str) -> None:
     resolve_model(name, offline=True)
 
 
-def open_for_serving(name: str, cparams: ContextParams, parallel: int | None) -> OpenedModel:
-    """Load `name` with `parallel` slots (None: from the model's size) in the context `cparams`."""
+def open_for_serving(name: str, cparams: ContextParams, parallel: int | None,
+                     mmproj: Path | None = None) -> OpenedModel:
+    """Load `name` with `parallel` slots (None: from the model's size) in the context `cparams`;
+    its projector is `mmproj` if given, else the one that came with it from its repository."""
     resolved = resolve_model(name, offline=True)
-    opened = open_model(resolved, cparams, slots=Slots(parallel, pooled=True))
+    projector = mmproj or resolved.mmproj
+    reserve = projector.stat().st_size if projector is not None and projector.is_file() else 0
+    opened = open_model(resolved, cparams, slots=Slots(parallel, pooled=True), reserve=reserve)
     resolved.record_use()  # (and again when it is unloaded: server/models.py)
-    return opened
+    return replace(opened, projector_file=projector)

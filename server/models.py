@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from infer.runtime.engine import Engine
 from infer.runtime.errors import InferError, ModelNotFoundError
@@ -30,6 +31,7 @@ class Served:
     name: str
     opened: OpenedModel
     engine: Engine
+    projector: Any = None  # runtime.llama.Projector: reads the requests' images and audio (None: none)
 
     @property
     def model(self) -> Model:
@@ -54,6 +56,17 @@ class StopReport:
         return (f"{stopped} {self.running} request{'s' * (self.running != 1)} running, {self.waiting} "
                 f"waiting; {self.running - self.cut_off} finished in the {self.grace_s:g} s grace period, "
                 f"{self.cut_off} cut off, {self.refused} refused")
+
+
+def _projector(opened: OpenedModel, engine: Engine) -> Any:
+    """The model's projector on the devices and with the flash attention of its context."""
+    if opened.projector_file is None:
+        return None
+    from infer.runtime.llama import Projector
+
+    context = engine.context
+    return Projector(opened.projector_file, opened.model, n_threads=context.n_threads,
+                     use_gpu=opened.model.local_gpu, flash_attn=context.flash_attn)
 
 
 class ModelPool:
@@ -112,17 +125,21 @@ class ModelPool:
                 await self.unload(idle[0])
             with _as_api_error(name):
                 opened = await asyncio.to_thread(self.open_model, name)
+                engine = projector = None
                 try:
                     engine = await asyncio.to_thread(
                         Engine, opened.model, opened.params, parallel=opened.parallel,
                         speculation=self.speculation, max_waiting=self.max_waiting,
                         prompt_cache=self.prompt_cache, cache_name=name)
+                    projector = await asyncio.to_thread(_projector, opened, engine)
                 except BaseException:
+                    if engine is not None:
+                        engine.close()
                     opened.model.close()
                     raise
         finally:
             self.loading.discard(name)
-        served = Served(name, opened, engine)
+        served = Served(name, opened, engine, projector)
         self.loaded[name] = served
         return served
 
@@ -131,6 +148,8 @@ class ModelPool:
             del self.loaded[served.name]
         await asyncio.to_thread(served.engine.close, grace_s)
         self._record_use(served)
+        if served.projector is not None:
+            served.projector.close()
         served.model.close()
 
     @staticmethod

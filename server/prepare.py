@@ -29,6 +29,7 @@ class Prepared(NamedTuple):
     checkpoint: int  # where the prompt cache may save the prompt's state
     thinking: ThinkingPrompt | None  # a chat's rendering with its thinking plan
     calls: ToolSyntax | None  # how the model writes tool calls, where the reply may call tools
+    media: Any = None  # runtime.media.MediaPrompt: the chat's images and audio in `tokens`
 
 
 def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
@@ -37,14 +38,14 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
     how the model writes calls (off the event loop: templates and tokenizing a long prompt
     take time)."""
     model = served.model
-    thinking = syntax = None
+    thinking = syntax = media = None
     try:
         params = SamplingParams.resolve(served.opened.sampling_defaults,
                                         {**dict(config.sampling), **gen.overrides})
         if gen.chat:
             thinking, syntax = render_chat(served, gen, config)
             params = _forced_calls(params, syntax, gen, model)
-            tokens = thinking.tokens
+            tokens, media = _with_media(served, gen, thinking)
             for note in thinking.notes:
                 log.info("%s", note)
         elif gen.infill is not None:
@@ -86,7 +87,8 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
                       f"({len(tokens)} in the prompt, {params.max_tokens or 1} to generate) but a "
                       f"request may use {limit} ({whole})", code="context_length_exceeded")
     variables = thinking.variables if thinking is not None else {}
-    return Prepared(tokens, params, _checkpoint(served, gen, tokens, config, variables), thinking, syntax)
+    checkpoint = _checkpoint(served, gen, tokens, config, variables) if media is None else 0
+    return Prepared(tokens, params, checkpoint, thinking, syntax, media)
 
 
 def _infill(served: Served, infill: schema.Infill, max_tokens: int | None) -> list[int]:
@@ -106,12 +108,30 @@ def render_chat(served: Served, gen: schema.Generation,
                 config: Config) -> tuple[ThinkingPrompt, ToolSyntax | None]:
     """A chat's prompt as the template renders it (with the tools where the reply may call
     them), and how the model writes calls (raises InferError)."""
+    from infer.runtime.media import text_only
     from infer.runtime.thinking_prompt import thinking_prompt
 
     syntax = _tool_syntax(served, gen, config)
-    thinking = thinking_prompt(served.model, list(gen.messages), template=config.chat_template,
+    thinking = thinking_prompt(served.model, text_only(gen.messages), template=config.chat_template,
                                request=gen.thinking, tools=gen.tools.tools if syntax else ())
     return thinking, syntax
+
+
+def _with_media(served: Served, gen: schema.Generation, thinking: ThinkingPrompt) -> tuple[list[int], Any]:
+    """The chat's tokens with its messages' images and audio read in place (their chunks too),
+    or its tokens as rendered where it has none."""
+    from infer.runtime.media import media_of, media_prompt
+    from infer.runtime.prompt import adds_bos
+
+    media = media_of(gen.messages)
+    if not media:
+        return thinking.tokens, None
+    if served.projector is None:
+        raise invalid("messages", f"{served.name} reads no {media[0].kind}: it was loaded without a "
+                      "projector (infer serve MODEL --mmproj FILE, or a Hub model whose repository has one)")
+    text = thinking.prompt.text
+    mp = media_prompt(served.projector, text, media, add_special=adds_bos(served.model, text))
+    return mp.tokens + thinking.tokens[len(thinking.prompt.tokens):], mp
 
 
 def prompt_tokens(served: Served, gen: schema.Generation, config: Config) -> int:

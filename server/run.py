@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from infer.runtime.log import logger
@@ -31,16 +31,19 @@ def serve_forever(sockets: list[socket.socket], *, context: ContextParams, paral
                   default: str | None, config: Config, max_models: int = 1,
                   keep_alive_s: float | None = 300.0, max_waiting: int = 256,
                   speculation: SpecParams | None = None, prompt_cache: PromptCache | None = None,
-                  verbose: bool = False) -> StopReport | None:
+                  verbose: bool = False, mmproj: Path | None = None) -> StopReport | None:
     """Serve until a stop is asked for; what the server was doing then and what it ended.
 
     The models are those on this machine (server/loading.py), each loaded with `context`
-    for all its `parallel` slots (None: from the model's size)."""
+    for all its `parallel` slots (None: from the model's size); `mmproj` is the `default`
+    model's projector (others have their repository's, if any)."""
     import uvicorn
 
     from infer.server.loading import find_model, model_names, open_for_serving
 
-    open_model = functools.partial(open_for_serving, cparams=context, parallel=parallel)
+    def open_model(name: str) -> Any:
+        return open_for_serving(name, context, parallel, mmproj if name == default else None)
+
     pool = ModelPool(open_model, default=default, listing=model_names, max_models=max_models,
                      keep_alive_s=keep_alive_s, max_waiting=max_waiting, speculation=speculation,
                      prompt_cache=prompt_cache, find_model=find_model)

@@ -221,3 +221,38 @@ def test_explain_counts_the_projector(vision: SimpleNamespace) -> None:
     assert shown.returncode == 0, shown.stderr
     assert "projector (images, audio): 0 MiB kept on CPU" in shown.stdout, shown.stdout
     assert "projector" not in run_cli("run", vision.model, "--explain").stdout
+
+
+def test_the_server_reads_images_in_chat_requests(vision: SimpleNamespace, tmp_path: Path) -> None:
+    """OpenAI's image_url parts (data: URLs) through the official client: the reply is infer
+    run's for the same image and text, and the same request again finds the image in the
+    cache; bad parts are 400s naming the part."""
+    import base64
+
+    import openai
+    from serve_helpers import Server
+
+    url = "data:image/png;base64," + base64.b64encode(vision.a.read_bytes()).decode()
+    ask = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                        {"type": "text", "text": "Describe it."}]}]
+    s = Server(str(vision.model), "--mmproj", str(vision.mmproj), "-np", "2", "-c", "2048",
+               "--spec-type", "none", "--flash-attn", "off", home=tmp_path / "home")
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        asked = {"model": str(vision.model), "messages": ask, "temperature": 0, "max_tokens": 16}
+        reply = client.chat.completions.create(**asked)
+        ran = run_cli("run", vision.model, "--mmproj", vision.mmproj, *GREEDY, "--image", vision.a,
+                      "Describe it.")
+        assert reply.choices[0].message.content == ran.stdout.strip("\n")
+        again = client.chat.completions.create(**asked)
+        assert again.choices[0].message.content == reply.choices[0].message.content
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        assert cached >= reply.usage.prompt_tokens - 1, again.usage  # the image's positions too
+        nopng = "data:image/png;base64," + base64.b64encode(b"not a png").decode()
+        for part in (url[:-8] + "!!!!", "http://example.com/a.png", nopng):
+            bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": part}}]}]
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(model=str(vision.model), messages=bad, max_tokens=4)
+            assert caught.value.body["param"] == "messages[0].content[0].image_url.url", caught.value.body
+    finally:
+        assert s.stop() == 0, "".join(s.log)
