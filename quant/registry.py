@@ -118,10 +118,9 @@ def resolve_model(reference: str, *, offline: bool = False,
             "(`infer list --catalog` shows the aliases; Hub references look like owner/repo:Q4_K_M)"
         )
     from infer.quant.fetch import CheckpointOnlyError, fetch_checkpoint, fetch_gguf
-
     projector: Path | None = None
+    wanted: bool | str = (entry.mmproj or True) if mmproj and entry is not None else mmproj
     try:
-        wanted: bool | str = (entry.mmproj or True) if mmproj and entry is not None else mmproj
         local, quant, projector = fetch_gguf(hub.repo, hub.quant, offline=offline, progress=progress,
                                              mmproj=wanted, ask=ask)
     except NetworkError as e:
