@@ -150,7 +150,7 @@ class Traffic:
         weights = [6, 6, 2, 2, 2, 3, 3, 3, 2, 1]
         first = kinds[index::clients][::-1]  # every kind among the clients' first requests
         with httpx.Client(base_url=self.server.url, timeout=120) as client:
-            while time.monotonic() < deadline:
+            while first or time.monotonic() < deadline:  # (each kind sent, however slow the machine)
                 self.go.wait()
                 kind = first.pop() if first else rng.choices(kinds, weights)[0]
                 with self.lock:
