@@ -141,6 +141,7 @@ def _blocks(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
     """One Anthropic message's blocks as chat messages: a user's tool results first (each a
     tool message), then the text; an assistant's text with its reasoning and calls."""
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # a user's text and images in order (OpenAI's parts)
     results: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
@@ -149,6 +150,9 @@ def _blocks(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and role == "user":
+            parts.append(_image(block, at))
         elif kind == "tool_result" and role == "user":
             results.append(_tool_result(block, at))
         elif kind == "tool_use" and role == "assistant":
@@ -157,20 +161,34 @@ def _blocks(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
             reasoning.append(block["thinking"])
         elif kind == "redacted_thinking" and role == "assistant":
             continue  # (encrypted by Anthropic: nothing a local model can read)
-        elif kind in ("image", "document", "search_result", "container_upload"):
+        elif kind in ("document", "search_result", "container_upload"):
             raise ApiError(400, f"{at}: a {kind} block is not supported by infer serve yet",
                            param=at, code="unsupported_parameter")
         else:
             raise invalid(at, f"{at}: a {kind!r} block is not valid in a {role} message" if kind
                           else f"{at} must be a block with a type")
     if role == "user":
-        return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+        content: Any = parts if len(parts) > len(texts) else "".join(texts)  # (with images: the parts)
+        return results + ([{"role": "user", "content": content}] if parts or not results else [])
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
     if calls:
         message["tool_calls"] = calls
     return [message]
+
+
+def _image(block: dict[str, Any], at: str) -> dict[str, Any]:
+    """An image block (its base64 source) as OpenAI's image_url part (a data: URL)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind != "base64" or not isinstance(source.get("data"), str):
+        if kind == "url":
+            raise ApiError(400, f"{at}.source: infer serve does not fetch remote images (yet): send the "
+                           "image as base64", param=f"{at}.source", code="unsupported_parameter")
+        raise invalid(f"{at}.source", f"{at}.source must be a base64 source (type, media_type, data)")
+    media_type = source.get("media_type") if isinstance(source.get("media_type"), str) else "image/png"
+    return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{source['data']}"}}
 
 
 def _tool_use(block: dict[str, Any], at: str) -> dict[str, Any]:

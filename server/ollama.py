@@ -49,8 +49,7 @@ def generate_body(body: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
                                    "prompt as it is)"),
                       ("suffix", "fill-in-the-middle is not supported yet"),
                       ("context", "the token context of an earlier reply is not supported (send the "
-                                  "conversation to /api/chat)"),
-                      ("images", "images are not supported by infer serve yet")):
+                                  "conversation to /api/chat)")):
         if body.get(name) not in (None, "", []):
             raise ApiError(400, f"{name}: {why}", param=name, code="unsupported_parameter")
     prompt = body.get("prompt", "")
@@ -64,8 +63,20 @@ def generate_body(body: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     if system is not None and not isinstance(system, str):
         raise invalid("system", "system must be a string")
     messages = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": prompt})
+    messages.append({"role": "user", "content": _with_images(prompt, body.get("images"), "images")})
     return True, {**_common(body), "messages": messages}
+
+
+def _with_images(text: Any, images: Any, where: str) -> Any:
+    """A user message's content with Ollama's `images` (base64) before its text, as OpenAI's
+    parts; the text as it is without images."""
+    if images in (None, []):
+        return text
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise invalid(where, f"{where} must be an array of base64 strings")
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": f"data:image;base64,{i}"}}
+                                   for i in images]
+    return [*parts, {"type": "text", "text": text if isinstance(text, str) else ""}]
 
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
@@ -117,10 +128,9 @@ def _messages(value: Any) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise invalid(where, f"{where} must be an object")
-        if m.get("images"):
-            raise ApiError(400, f"{where}.images: images are not supported by infer serve yet",
-                           param=f"{where}.images", code="unsupported_parameter")
         message = {k: m[k] for k in ("role", "content") if k in m}
+        if m.get("images") not in (None, []) and m.get("role") == "user":
+            message["content"] = _with_images(m.get("content", ""), m["images"], f"{where}.images")
         if m.get("role") == "assistant":
             if isinstance(m.get("thinking"), str) and m["thinking"]:
                 message["reasoning_content"] = m["thinking"]

@@ -226,7 +226,8 @@ def test_explain_counts_the_projector(vision: SimpleNamespace) -> None:
 def test_the_server_reads_images_in_chat_requests(vision: SimpleNamespace, tmp_path: Path) -> None:
     """OpenAI's image_url parts (data: URLs) through the official client: the reply is infer
     run's for the same image and text, and the same request again finds the image in the
-    cache; bad parts are 400s naming the part."""
+    cache; Anthropic's image blocks and Ollama's images give the same reply; bad parts are
+    400s naming the part."""
     import base64
 
     import openai
@@ -248,6 +249,21 @@ def test_the_server_reads_images_in_chat_requests(vision: SimpleNamespace, tmp_p
         assert again.choices[0].message.content == reply.choices[0].message.content
         cached = again.usage.prompt_tokens_details.cached_tokens
         assert cached >= reply.usage.prompt_tokens - 1, again.usage  # the image's positions too
+        # Anthropic's image blocks and Ollama's images: the same prompt, the same reply
+        import anthropic
+        import ollama
+
+        b64 = base64.b64encode(vision.a.read_bytes()).decode()
+        blocks = [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+                  {"type": "text", "text": "Describe it."}]
+        message = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0).messages.create(
+            model=str(vision.model), max_tokens=16, messages=[{"role": "user", "content": blocks}],
+            extra_body={"temperature": 0})
+        assert message.content[0].text == reply.choices[0].message.content
+        chat = ollama.Client(host=s.url).chat(
+            model=str(vision.model), options={"temperature": 0, "num_predict": 16},
+            messages=[{"role": "user", "content": "Describe it.", "images": [b64]}])
+        assert chat.message.content == reply.choices[0].message.content
         nopng = "data:image/png;base64," + base64.b64encode(b"not a png").decode()
         for part in (url[:-8] + "!!!!", "http://example.com/a.png", nopng):
             bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": part}}]}]

@@ -6,6 +6,7 @@ DeepSeek R1's, count_tokens, the x-api-key header, and Anthropic's error shape f
 
 from __future__ import annotations
 
+import base64
 import json
 
 import anthropic
@@ -15,6 +16,7 @@ import openai
 import pytest
 from serve_helpers import Server
 from tiny_model import fixtures_dir
+from tiny_vision import png_bytes
 
 QWEN3 = fixtures_dir() / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
 R1 = fixtures_dir() / "chat-templates" / "llama-cpp-deepseek-r1.jinja"
@@ -143,6 +145,8 @@ def test_thinking_blocks_come_apart_from_the_text(tmp_path) -> None:
         assert s.stop() == 0, "".join(s.log)
 
 
+PNG = base64.b64encode(png_bytes(8, 8)).decode()
+
 # (body, status, words in the message): Anthropic's shape, {"type": "error", "error": {...}}
 HOSTILE = [
     ({"model": "smollm2", "messages": ASK}, 400, "max_tokens"),
@@ -154,7 +158,13 @@ HOSTILE = [
      "messages.1.content"),
     ({"model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
-     400, "image block is not supported"),
+     400, "not a PNG, JPEG"),
+    ({"model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}]},
+     400, "reads no image"),  # (served without a projector)
+    ({"model": "smollm2", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]},
+     400, "does not fetch remote images"),
     ({"model": "smollm2", "max_tokens": 8, "messages": ASK, "tools": [{"type": "web_search_20250305",
                                                                        "name": "web_search"}]},
      400, "server tool"),

@@ -7,6 +7,7 @@ it is, the listings name what is served, and errors have Ollama's shape."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import httpx
@@ -15,6 +16,7 @@ import ollama
 import openai
 import pytest
 from serve_helpers import Server
+from tiny_vision import png_bytes
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -108,13 +110,19 @@ def test_listings_name_what_is_served(server: Server, client: ollama.Client) -> 
     assert httpx.get(server.url + "/api/version").json()["version"]
 
 
+PNG = base64.b64encode(png_bytes(8, 8)).decode()
 HOSTILE = [
     ("/api/chat", {"model": "smollm2"}, 400, "messages"),
     ("/api/chat", {"model": "smollm2", "messages": ASK, "options": []}, 400, "options"),
     ("/api/chat", {"model": "smollm2", "messages": ASK, "options": {"temperature": "hot"}}, 400,
      "temperature"),
     ("/api/chat", {"model": "smollm2", "messages": [{"role": "user", "content": "x", "images": ["AAAA"]}]},
-     400, "images"),
+     400, "not a PNG, JPEG"),
+    ("/api/chat", {"model": "smollm2", "messages": [{"role": "user", "content": "x", "images": [PNG]}]},
+     400, "reads no image"),  # (served without a projector)
+    ("/api/generate", {"model": "smollm2", "prompt": "x", "images": [PNG]}, 400, "reads no image"),
+    ("/api/chat", {"model": "smollm2", "messages": [{"role": "user", "content": "x", "images": "AAAA"}]},
+     400, "images must be an array"),
     ("/api/chat", {"model": "smollm2", "messages": ASK, "format": "yaml"}, 400, "format"),
     ("/api/chat", {"model": "smollm2", "messages": [{"role": "tool", "content": "x"}]}, 400, "tool"),
     ("/api/chat", {"model": "no-such-model", "messages": ASK}, 404, "no-such-model"),
