@@ -8,8 +8,9 @@ What maps to what:
   the system prompt where the template takes none there: `template.render`);
 - `messages`: text blocks joined; an assistant's `thinking` block -> its reasoning, its
   `tool_use` blocks -> tool calls (`input` as the arguments); a user's `tool_result` blocks ->
-  `role: "tool"` messages (before the user's text, in their order); images and documents are
-  refused (a 400 naming the block) until infer reads images;
+  `role: "tool"` messages (before the user's text, in their order); a user's base64 image
+  blocks -> image_url parts (data: URLs) in their place; documents are refused (a 400 naming
+  the block);
 - `max_tokens` (required, as Anthropic requires it), `temperature`, `top_p`, `top_k` (which
   Anthropic's newer clients send only as extra body fields), `stop_sequences`, `stream`;
   `metadata` is accepted and not used; `output_config`'s `effort` (the thinking level) and

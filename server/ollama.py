@@ -6,7 +6,7 @@ the model listings (/api/tags, /api/show, /api/ps, /api/version) in `ollama_mode
 What maps to what:
 - `messages` (roles, `content`, an assistant's `thinking` and `tool_calls` with arguments as
   objects, `role: "tool"` results, matched to the calls before them by order or `tool_name`);
-  `images` are refused (a 400 naming the message) until infer reads images;
+  a user message's `images` (base64) -> image_url parts before its text;
 - /api/generate: `prompt` and `system` as a chat of one turn, or `raw: true` as the prompt
   exactly (no template); `template` and `suffix` refused (infer renders the model's own
   template; fill-in-the-middle is not there yet), `context` refused (Ollama's deprecated token
