@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     o.SERVER,
     o.CHAT_TEMPLATE_FILE,
     *o.prompt_options(),
+    o.MMPROJ,
+    o.NO_MMPROJ,
 )
 def batch(ctx: typer.Context, **flags: Any) -> int:
     """Run every prompt of INPUT, several at a time; one JSON result per line."""
@@ -198,7 +200,6 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
     from infer.runtime.llama import Context
     from infer.runtime.results import Usage
     from infer.runtime.scheduler import Scheduler
-    from infer.runtime.session import common_prefix_len
     opened = _plan(flags, resolved).open_model()
     cparams, parallel, defaults = opened.params, opened.parallel, opened.sampling_defaults
     with opened.model as model:
@@ -207,13 +208,10 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
         template = None
         if flags["chat_template_file"] is not None:
             template = read_text_file(flags["chat_template_file"], "chat template file")
+        projector = _projector(flags, resolved, model, cparams)
         requests, errors, finishes = local_requests(model, items, defaults, overrides,
-                                                    line_prompt_flags(flags), template)
-        prefix: list[int] = []
-        if len(requests) > 1:
-            prefix = requests[0].tokens
-            for r in requests[1:]:
-                prefix = prefix[:common_prefix_len(prefix, r.tokens)]
+                                                    line_prompt_flags(flags), template, projector)
+        prefix = _shared_prefix(requests)
         # Split KV streams where every line fits one (faster), else one pool (runtime/kv_pool.py)
         split = fits_shares(cparams.n_ctx or 0, cparams.n_seq_max, len(prefix),
                             (len(r.tokens) - len(prefix) + (r.params.max_tokens or 1) for r in requests))
@@ -242,12 +240,39 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
             finally:
                 scheduler.close()
                 writer.flush_ready()
+                if projector is not None:
+                    projector.close()
     if flags["verbose"]:
         sys.stderr.write(f"infer: {len(items)} lines, {writer.failed} failed; {scheduler.prefilled_tokens} "
                          f"prompt tokens prefilled (a shared prefix of {len(prefix)} once)\n")
         if speculation.enabled:
             sys.stderr.write(f"infer: {describe(guessed)}\n")
     return writer.failed
+
+
+def _shared_prefix(requests: list[Any]) -> list[int]:
+    """The tokens all the requests begin with (its text: a medium is evaluated in each slot)."""
+    from infer.runtime.session import common_prefix_len
+
+    if len(requests) < 2:
+        return []
+    prefix = requests[0].tokens
+    for r in requests[1:]:
+        prefix = prefix[:common_prefix_len(prefix, r.tokens)]
+    return prefix[:next((i for i, t in enumerate(prefix) if t < 0), len(prefix))]
+
+
+def _projector(flags: Mapping[str, Any], resolved: Any, model: Any, cparams: Any) -> Any:
+    """The projector of the model (--mmproj's, or its repository's) where a line has media."""
+    from infer.cli.media import projector_path
+
+    path = projector_path(flags, resolved)
+    if path is None:
+        return None
+    from infer.runtime.llama import Projector, flash_attention
+
+    return Projector(path, model, n_threads=cparams.n_threads or 2, use_gpu=model.local_gpu,
+                     flash_attn=flash_attention(cparams, model.local_gpu))
 
 
 class _Writer:

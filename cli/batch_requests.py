@@ -9,7 +9,7 @@ from typing import Any
 
 from infer.cli.batch_input import Item
 from infer.cli.flags import prompt_flags, thinking_request
-from infer.runtime.errors import InferError
+from infer.runtime.errors import InferError, MediaError
 
 
 def line_prompt_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,11 +39,12 @@ class Finish:
 
 
 def local_requests(model: Any, items: list[Item], defaults: dict[str, Any], overrides: dict[str, Any],
-                   prompt_flags: dict[str, Any],
-                   template: str | None) -> tuple[list[Any], list[tuple[int, str]], dict[int, Finish]]:
+                   prompt_flags: dict[str, Any], template: str | None,
+                   projector: Any = None) -> tuple[list[Any], list[tuple[int, str]], dict[int, Finish]]:
     """Scheduler requests for the items that can run, (index, error) for the others, and what
-    to read from each request's reply (by index)."""
-    from infer.runtime.prompt import tool_syntax
+    to read from each request's reply (by index). A line's media are read by `projector`."""
+    from infer.runtime.media import media_of, media_prompt, text_only
+    from infer.runtime.prompt import adds_bos, tool_syntax
     from infer.runtime.request import Request
     from infer.runtime.sampling import SamplingParams
     from infer.runtime.thinking_prompt import thinking_prompt
@@ -60,14 +61,22 @@ def local_requests(model: Any, items: list[Item], defaults: dict[str, Any], over
             if item.tools is not None and item.tools.active:
                 finish.syntax, finish.tools = tool_syntax(model, template), item.tools
                 params = calls_params(params, finish.syntax, item.tools, model)
-            rendered = thinking_prompt(model, item.messages, template=template,
+            rendered = thinking_prompt(model, text_only(item.messages), template=template,
                                        request=thinking_request({**prompt_flags, **item.thinking}),
                                        tools=item.tools.tools if finish.tools is not None else ())
+            tokens, mp, media = rendered.tokens, None, media_of(item.messages)
+            if media:
+                if projector is None:
+                    raise MediaError(f"{media[0].name}: reading {media[0].kind} needs the model's "
+                                     "projector: give --mmproj FILE")
+                text = rendered.prompt.text
+                mp = media_prompt(projector, text, media, add_special=adds_bos(model, text))
+                tokens = mp.tokens + tokens[len(rendered.prompt.tokens):]
         except InferError as e:
             errors.append((item.index, str(e)))
             continue
         finish.plan = rendered.plan
-        requests.append(Request(item.index, rendered.tokens, params, thinking=rendered.plan))
+        requests.append(Request(item.index, tokens, params, thinking=rendered.plan, media=mp))
         finishes[item.index] = finish
     return requests, errors, finishes
 
@@ -79,7 +88,9 @@ def server_body(flags: Mapping[str, Any], item: Item, overrides: Mapping[str, An
     from infer.cli.run_tools import request_fields
 
     thinking = thinking_request({**prompt_flags, **item.thinking})
-    body = {"model": flags["model"], "messages": item.messages, "stream": True,
+    from infer.runtime.media import openai_message
+
+    body = {"model": flags["model"], "messages": [openai_message(m) for m in item.messages], "stream": True,
             "stream_options": {"include_usage": True},
             **remote.request_fields({**overrides, **item.settings}),
             **remote.thinking_fields(thinking.think, thinking.variables, thinking.budget)}

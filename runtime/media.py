@@ -227,3 +227,27 @@ def text_only(messages: Sequence[dict]) -> list[dict]:
     """The messages as a chat template sees them: without their media (their markers stay in
     the content)."""
     return [{k: v for k, v in m.items() if k != "media"} if "media" in m else dict(m) for m in messages]
+
+
+def openai_message(message: dict) -> dict:
+    """A message with media as an OpenAI chat message: its content as parts, each medium an
+    `image_url` (a data: URL) or `input_audio` part at its marker (for a request to a server)."""
+    if "media" not in message:
+        return message
+    import base64
+
+    parts: list[dict] = []
+    pieces = str(message.get("content") or "").split(MARKER)
+    for i, text in enumerate(pieces):
+        if text:
+            parts.append({"type": "text", "text": text})
+        if i < len(message["media"]):
+            m = message["media"][i]
+            data = base64.b64encode(m.data).decode()
+            found = sniff(m.data)
+            fmt = found[1].lower() if found else "png"
+            if m.kind == "image":
+                parts.append({"type": "image_url", "image_url": {"url": f"data:image/{fmt};base64,{data}"}})
+            else:
+                parts.append({"type": "input_audio", "input_audio": {"data": data, "format": fmt}})
+    return {**{k: v for k, v in message.items() if k != "media"}, "content": parts}

@@ -272,3 +272,30 @@ def test_the_server_reads_images_in_chat_requests(vision: SimpleNamespace, tmp_p
             assert caught.value.body["param"] == "messages[0].content[0].image_url.url", caught.value.body
     finally:
         assert s.stop() == 0, "".join(s.log)
+
+
+def test_batch_lines_carry_images_as_paths_or_base64(vision: SimpleNamespace, tmp_path: Path) -> None:
+    """`infer batch` lines with "images" (a path, or base64) and OpenAI image parts: each line's
+    text is infer run's for its image (one line at a time: the same prefill splits); a line
+    whose image is bad fails alone."""
+    import base64
+    import json
+
+    b64 = base64.b64encode(vision.b.read_bytes()).decode()
+    url = "data:image/png;base64," + base64.b64encode(vision.a.read_bytes()).decode()
+    lines = [{"id": "path", "prompt": "Describe it.", "images": [str(vision.a)]},
+             {"id": "base64", "prompt": "Describe it.", "images": [b64]},
+             {"id": "part", "messages": [{"role": "user", "content": [
+                 {"type": "image_url", "image_url": {"url": url}},
+                 {"type": "text", "text": "Describe it."}]}]},
+             {"id": "bad", "prompt": "Describe it.", "images": [str(tmp_path / "nope.png")]}]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = run_cli("batch", vision.model, src, "--mmproj", vision.mmproj, "--parallel", "1", "-n", "16",
+                   "--temperature", "0", "--flash-attn", "off", "--spec-type", "none")
+    results = {r["id"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert done.returncode == 2 and "nope.png: no such file" in results["bad"]["error"], done.stdout
+    for name, image in (("path", vision.a), ("base64", vision.b), ("part", vision.a)):
+        ran = run_cli("run", vision.model, "--mmproj", vision.mmproj, *GREEDY, "--image", image,
+                      "Describe it.")
+        assert results[name]["text"] == ran.stdout.strip("\n"), (name, results[name])
