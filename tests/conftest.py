@@ -99,6 +99,20 @@ def qwen3_server(tmp_path_factory: pytest.TempPathFactory):
     assert s.stop() == 0, "".join(s.log)
 
 
+def llama_tool(name: str) -> Path:
+    """One of llama.cpp's own tools built by benchmarks/build_llama_tools.sh (in .bench/, or
+    INFER_LLAMA_BIN): the README's test command builds those the tests run; in CI a missing
+    one fails the test, elsewhere it is skipped."""
+    root = Path(__file__).resolve().parents[1]
+    found = Path(os.environ.get("INFER_LLAMA_BIN", root / ".bench" / "build" / "bin")) / name
+    if not found.exists():
+        message = f"{name} not at {found}: run benchmarks/build_llama_tools.sh {name}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
 @pytest.fixture(scope="session")
 def repack_memo(tmp_path_factory: pytest.TempPathFactory) -> bytes | None:
     """What infer remembers of its one-time repacking check (runtime/repack.py), found once

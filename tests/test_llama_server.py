@@ -8,28 +8,21 @@ comparison for any model.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import llama_tool
 from serve_helpers import Server, healthy, reply_parts
 from tiny_model import fixtures_dir
 
-ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = fixtures_dir() / "chat-templates"
 
 
 @pytest.fixture(scope="module")
 def llama_server() -> Path:
-    found = Path(os.environ.get("INFER_LLAMA_BIN", ROOT / ".bench" / "build" / "bin")) / "llama-server"
-    if not found.exists():
-        message = f"llama-server not at {found}: run benchmarks/build_llama_tools.sh llama-server"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return llama_tool("llama-server")
 
 
 class LlamaServer:

@@ -9,18 +9,16 @@ runs first. And every bad input: one line, exit 2, nothing else.
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import wave
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import QWEN_TEMPLATE, assert_one_line_error, run_cli
+from conftest import QWEN_TEMPLATE, assert_one_line_error, llama_tool, run_cli
 from tiny_model import build_llama_gguf
 from tiny_vision import build_mmproj_gguf, png_bytes, write_png
 
-ROOT = Path(__file__).resolve().parents[1]
 GREEDY = ("-n", "16", "--temperature", "0", "--flash-attn", "off")
 
 
@@ -44,13 +42,7 @@ def vision(tmp_path_factory: pytest.TempPathFactory, fixtures: Path) -> SimpleNa
 
 @pytest.fixture(scope="module")
 def mtmd_cli() -> Path:
-    found = Path(os.environ.get("INFER_LLAMA_BIN", ROOT / ".bench" / "build" / "bin")) / "llama-mtmd-cli"
-    if not found.exists():
-        message = f"llama-mtmd-cli not at {found}: run benchmarks/build_llama_tools.sh llama-mtmd-cli"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return llama_tool("llama-mtmd-cli")
 
 
 def _theirs(mtmd_cli: Path, vision: SimpleNamespace, images: list[Path], prompt: str) -> str:
