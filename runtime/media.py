@@ -11,6 +11,7 @@ as for text (the same image at the same place is the same run; another image dif
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +163,8 @@ class MediaPrompt:
         self.free = lambda: None
 
     def __del__(self) -> None:  # (a server's requests share one: freed with the last of them)
-        self.close()
+        with contextlib.suppress(Exception):  # (at exit, or a half-made one)
+            self.close()
 
     def __enter__(self) -> MediaPrompt:
         return self
