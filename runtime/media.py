@@ -182,11 +182,14 @@ def media_prompt(projector: Projector, text: str, media: Sequence[Medium], *,
     chunks, free = projector.chunks(text, [(m.name, m.data) for m in media], add_special=add_special)
     out = MediaPrompt(projector, [], free=free)
     parts: dict[str, int] = {}  # chunks of each medium so far
+    from infer.runtime.session import content_digest
+
+    reader = content_digest(projector.path)[:16] if hasattr(projector, "path") else ""
     for chunk in chunks:
         if chunk.kind == "text":
             out.tokens.extend(chunk.tokens)
-        else:
-            token = pseudo_token(chunk.digest, parts.get(chunk.digest, 0))
+        else:  # (another projector reads the same image into other embeddings: other tokens)
+            token = pseudo_token(reader + chunk.digest, parts.get(chunk.digest, 0))
             parts[chunk.digest] = parts.get(chunk.digest, 0) + 1
             out.media[token] = chunk
             out.tokens.extend([token] * chunk.n_tokens)
