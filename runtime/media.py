@@ -182,9 +182,7 @@ def media_prompt(projector: Projector, text: str, media: Sequence[Medium], *,
     chunks, free = projector.chunks(text, [(m.name, m.data) for m in media], add_special=add_special)
     out = MediaPrompt(projector, [], free=free)
     parts: dict[str, int] = {}  # chunks of each medium so far
-    from infer.runtime.session import content_digest
-
-    reader = content_digest(projector.path)[:16] if hasattr(projector, "path") else ""
+    reader = getattr(projector, "identity", "")
     for chunk in chunks:
         if chunk.kind == "text":
             out.tokens.extend(chunk.tokens)

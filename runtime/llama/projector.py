@@ -61,6 +61,12 @@ class Projector:
         m = _mtmd()
         route_log(m.mtmd_log_set, m.mtmd_helper_log_set)
         self.path = Path(path)
+        try:  # (which file reads the media: another one's embeddings differ; media.py's tokens)
+            st = self.path.stat()
+            self.identity = hashlib.sha256(f"{self.path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
+                                           ).hexdigest()[:16]
+        except OSError:
+            self.identity = ""
         params = m.mtmd_context_params_default()
         params.use_gpu = use_gpu
         params.n_threads = n_threads
