@@ -230,6 +230,8 @@ HOSTILE = [
     (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "messages[0].role"),
     (b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content"),
     (b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
+     400, "messages[0].content[0].image_url.url"),  # (not a data: URL)
+    (b'{"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}]}',
      400, "messages[0].content[0].type"),
     (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400,
      "tools[0].function.name"),
