@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     *o.prompt_options(),
     o.MMPROJ,
     o.NO_MMPROJ,
+    o.MAX_MEDIA,
 )
 def batch(ctx: typer.Context, **flags: Any) -> int:
     """Run every prompt of INPUT, several at a time; one JSON result per line."""
@@ -210,7 +211,8 @@ def _run(flags: Mapping[str, Any], resolved: Any, items: list[Item], overrides: 
             template = read_text_file(flags["chat_template_file"], "chat template file")
         projector = _projector(flags, resolved, model, cparams)
         requests, errors, finishes = local_requests(model, items, defaults, overrides,
-                                                    line_prompt_flags(flags), template, projector)
+                                                    line_prompt_flags(flags), template, projector,
+                                                    max_media=flags["max_media"])
         prefix = _shared_prefix(requests)
         # Split KV streams where every line fits one (faster), else one pool (runtime/kv_pool.py)
         split = fits_shares(cparams.n_ctx or 0, cparams.n_seq_max, len(prefix),

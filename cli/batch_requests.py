@@ -39,8 +39,9 @@ class Finish:
 
 
 def local_requests(model: Any, items: list[Item], defaults: dict[str, Any], overrides: dict[str, Any],
-                   prompt_flags: dict[str, Any], template: str | None,
-                   projector: Any = None) -> tuple[list[Any], list[tuple[int, str]], dict[int, Finish]]:
+                   prompt_flags: dict[str, Any], template: str | None, projector: Any = None, *,
+                   max_media: int | None = None
+                   ) -> tuple[list[Any], list[tuple[int, str]], dict[int, Finish]]:
     """Scheduler requests for the items that can run, (index, error) for the others, and what
     to read from each request's reply (by index). A line's media are read by `projector`."""
     from infer.runtime.media import media_of, media_prompt, text_only
@@ -70,7 +71,7 @@ def local_requests(model: Any, items: list[Item], defaults: dict[str, Any], over
                     raise MediaError(f"{media[0].name}: reading {media[0].kind} needs the model's "
                                      "projector: give --mmproj FILE")
                 text = rendered.prompt.text
-                mp = media_prompt(projector, text, media, add_special=adds_bos(model, text))
+                mp = media_prompt(projector, text, media, add_special=adds_bos(model, text), limit=max_media)
                 tokens = mp.tokens + tokens[len(rendered.prompt.tokens):]
         except InferError as e:
             errors.append((item.index, str(e)))

@@ -33,6 +33,8 @@ def prompt_and_media(flags: Mapping[str, Any], prompt_arg: str | None,
     from infer.runtime.media import place_markers
 
     media = read_media(flags, sys.stdin.buffer, sys.stdin.isatty())
+    if len(media) > flags.get("max_media", len(media)):
+        raise MediaError(f"{len(media)} images and audio files, over --max-media {flags['max_media']}")
     if media and projector is None:
         raise MediaError(f"{media[0].name}: reading {media[0].kind} needs the model's projector: "
                          "give --mmproj FILE (its mmproj-*.gguf)")
@@ -92,7 +94,8 @@ def with_media(projector: Any, model: Any, prompt: Any, tokens: list[int], media
     from infer.runtime.media import media_prompt
     from infer.runtime.prompt import adds_bos
 
-    mp = media_prompt(projector, prompt.text, media, add_special=adds_bos(model, prompt.text))
+    mp = media_prompt(projector, prompt.text, media, add_special=adds_bos(model, prompt.text),
+                      limit=None)  # (--max-media was checked before the model loaded)
     if record is not None:
         record.messages[-1]["content"] = asked
     return mp.tokens + tokens[len(prompt.tokens):], mp

@@ -212,6 +212,10 @@ NO_MMPROJ = ("no_mmproj", Annotated[bool, typer.Option(
     False)
 
 
+MAX_MEDIA = ("max_media", Annotated[int, typer.Option(
+    "--max-media", help="Images and audio files one prompt may hold.", rich_help_panel=MEDIA)], 8)
+
+
 def media_options() -> tuple[tuple[str, Any, Any], ...]:
     """--image, --audio and --mmproj: media in the prompt, read by the model's projector."""
     return (
@@ -224,4 +228,5 @@ def media_options() -> tuple[tuple[str, Any, Any], ...]:
             rich_help_panel=MEDIA, show_default=False, metavar="PATH")], None),
         MMPROJ,
         NO_MMPROJ,
+        MAX_MEDIA,
     )

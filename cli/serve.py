@@ -63,6 +63,7 @@ SERVER = "Server"
         rich_help_panel=SERVER)], None),
     o.NO_CACHE,
     o.MMPROJ,
+    o.MAX_MEDIA,
     ("no_socket", Annotated[bool, typer.Option(
         "--no-socket", help="Do not listen on the Unix socket in INFER_HOME (serve.sock) as well.",
         rich_help_panel=SERVER)], False),
@@ -90,7 +91,7 @@ def execute(flags: Mapping[str, Any]) -> None:
     from infer.server.app import Config
 
     config = Config(api_key=_api_key(flags), sampling=tuple(overrides.items()),
-                    chat_template=_template(flags))
+                    chat_template=_template(flags), max_media=flags["max_media"])
     if flags["model"] is not None:  # a bad default model fails now, with its exit code
         resolve({**flags, "offline": True})
     if flags["mmproj"] is not None and (flags["model"] is None or not Path(flags["mmproj"]).is_file()):

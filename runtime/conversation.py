@@ -78,7 +78,8 @@ class Conversation(Messages):
         if self.projector is None:
             raise MediaError(f"{media[0].name}: this model reads no {media[0].kind} (no --mmproj)")
         text, model = rendered.prompt.text, self.session.model
-        mp = media_prompt(self.projector, text, media, add_special=adds_bos(model, text))
+        mp = media_prompt(self.projector, text, media, add_special=adds_bos(model, text),
+                          limit=None)  # (a chat's media add up over its turns)
         return rendered, mp.tokens + rendered.tokens[len(rendered.prompt.tokens):], mp
 
     def send(self, text: str, params: SamplingParams,

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from infer.runtime.llama import Chunk, Projector
 
 MARKER = "<__media__>"  # libmtmd's default marker (mtmd_default_marker)
+MAX_MEDIA = 8  # images and audio in one prompt at most, unless --max-media says otherwise
 MAX_IMAGE_BYTES = 20 << 20  # as OpenAI's image inputs
 MAX_AUDIO_BYTES = 50 << 20
 
@@ -174,8 +175,12 @@ class MediaPrompt:
 
 
 def media_prompt(projector: Projector, text: str, media: Sequence[Medium], *,
-                 add_special: bool) -> MediaPrompt:
-    """Split `text` (its markers in place) and `media` into a MediaPrompt."""
+                 add_special: bool, limit: int | None = MAX_MEDIA) -> MediaPrompt:
+    """Split `text` (its markers in place) and `media` into a MediaPrompt; more media than
+    `limit` (None: no limit) is a MediaError."""
+    if limit is not None and len(media) > limit:
+        raise MediaError(f"{len(media)} images and audio files, over the limit of {limit} a prompt "
+                         "may hold (--max-media)")
     for m in media:
         if not {"image": projector.vision, "audio": projector.audio}[m.kind]:
             raise MediaError(f"{m.name}: this model's projector takes no {m.kind}")

@@ -13,3 +13,4 @@ class Config:
     sampling: tuple[tuple[str, Any], ...] = ()  # the server's defaults (its command's flags)
     chat_template: str | None = None
     shutdown_grace_s: float = 5.0
+    max_media: int = 8  # images and audio files one request may hold (--max-media)

@@ -45,7 +45,7 @@ def prepare(served: Served, gen: schema.Generation, config: Config) -> Prepared:
         if gen.chat:
             thinking, syntax = render_chat(served, gen, config)
             params = _forced_calls(params, syntax, gen, model)
-            tokens, media = _with_media(served, gen, thinking)
+            tokens, media = _with_media(served, gen, thinking, config)
             for note in thinking.notes:
                 log.info("%s", note)
         elif gen.infill is not None:
@@ -117,7 +117,8 @@ def render_chat(served: Served, gen: schema.Generation,
     return thinking, syntax
 
 
-def _with_media(served: Served, gen: schema.Generation, thinking: ThinkingPrompt) -> tuple[list[int], Any]:
+def _with_media(served: Served, gen: schema.Generation, thinking: ThinkingPrompt,
+                config: Config) -> tuple[list[int], Any]:
     """The chat's tokens with its messages' images and audio read in place (their chunks too),
     or its tokens as rendered where it has none."""
     from infer.runtime.media import media_of, media_prompt
@@ -130,7 +131,8 @@ def _with_media(served: Served, gen: schema.Generation, thinking: ThinkingPrompt
         raise invalid("messages", f"{served.name} reads no {media[0].kind}: it was loaded without a "
                       "projector (infer serve MODEL --mmproj FILE, or a Hub model whose repository has one)")
     text = thinking.prompt.text
-    mp = media_prompt(served.projector, text, media, add_special=adds_bos(served.model, text))
+    mp = media_prompt(served.projector, text, media, add_special=adds_bos(served.model, text),
+                      limit=config.max_media)
     return mp.tokens + thinking.tokens[len(thinking.prompt.tokens):], mp
 
 

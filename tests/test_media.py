@@ -91,6 +91,8 @@ def _bad(vision: SimpleNamespace, case: str) -> tuple[list, bytes | None]:
         "markers for more media": ([*base, "--image", vision.a, "<__media__> and <__media__>"], None),
         "an image where audio is asked": ([*base, "--audio", vision.a, "Hi"], None),
         "two media from stdin": ([*base, "--image", "-", "--image", "-", "Hi"], vision.a.read_bytes()),
+        "more than --max-media": ([*base, "--max-media", "1", "--image", vision.a, "--image", vision.b, "Hi"],
+                                  None),
     }[case]
 
 
@@ -106,6 +108,7 @@ def _bad(vision: SimpleNamespace, case: str) -> tuple[list, bytes | None]:
     ("markers for more media", "2 media markers"),
     ("an image where audio is asked", "a.png: a PNG file is image, not audio"),
     ("two media from stdin", "only one --image or --audio can read standard input"),
+    ("more than --max-media", "2 images and audio files, over --max-media 1"),
 ])
 def test_bad_media_are_one_line_and_exit_2(vision: SimpleNamespace, case: str, words: str) -> None:
     args, stdin = _bad(vision, case)
@@ -229,7 +232,7 @@ def test_the_server_reads_images_in_chat_requests(vision: SimpleNamespace, tmp_p
     ask = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                         {"type": "text", "text": "Describe it."}]}]
     s = Server(str(vision.model), "--mmproj", str(vision.mmproj), "-np", "2", "-c", "2048",
-               "--spec-type", "none", "--flash-attn", "off", home=tmp_path / "home")
+               "--spec-type", "none", "--flash-attn", "off", "--max-media", "1", home=tmp_path / "home")
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         asked = {"model": str(vision.model), "messages": ask, "temperature": 0, "max_tokens": 16}
@@ -256,6 +259,10 @@ def test_the_server_reads_images_in_chat_requests(vision: SimpleNamespace, tmp_p
             model=str(vision.model), options={"temperature": 0, "num_predict": 16},
             messages=[{"role": "user", "content": "Describe it.", "images": [b64]}])
         assert chat.message.content == reply.choices[0].message.content
+        two = [{"role": "user", "content": [ask[0]["content"][0], *ask[0]["content"]]}]
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=str(vision.model), messages=two, max_tokens=4)
+        assert "over the limit of 1" in caught.value.body["message"], caught.value.body
         nopng = "data:image/png;base64," + base64.b64encode(b"not a png").decode()
         for part in (url[:-8] + "!!!!", "http://example.com/a.png", nopng):
             bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": part}}]}]
