@@ -298,3 +298,21 @@ def test_batch_lines_carry_images_as_paths_or_base64(vision: SimpleNamespace, tm
         ran = run_cli("run", vision.model, "--mmproj", vision.mmproj, *GREEDY, "--image", image,
                       "Describe it.")
         assert results[name]["text"] == ran.stdout.strip("\n"), (name, results[name])
+
+
+def test_greedy_text_with_audio_equals_llama_mtmd_clis(vision: SimpleNamespace, mtmd_cli: Path) -> None:
+    """A tiny random Ultravox-style audio projector (tests/tiny_audio.py): `--audio` reads a WAV
+    as llama-mtmd-cli does (the same tokens); an image given to it is refused, exit 2."""
+    from tiny_audio import build_audio_mmproj_gguf, write_wav
+
+    projector = build_audio_mmproj_gguf(vision.dir / "mmproj-audio.gguf")
+    wav = write_wav(vision.dir / "tone.wav")
+    ours = run_cli("run", vision.model, "--mmproj", projector, *GREEDY, "--audio", wav, "Transcribe it.")
+    assert ours.returncode == 0 and ours.stderr == "", ours.stderr
+    done = subprocess.run([str(mtmd_cli), "-m", str(vision.model), "--mmproj", str(projector),
+                           "--audio", str(wav), "-p", "Transcribe it.", "-n", "16", "--temp", "0",
+                           "-fa", "off", "-t", "2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ours.stdout.strip("\n") == done.stdout.strip("\n") and ours.stdout.strip()
+    assert_one_line_error(run_cli("run", vision.model, "--mmproj", projector, "--image", vision.a, "Hi"), 2,
+                          "a.png: this model's projector takes no image")
