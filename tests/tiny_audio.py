@@ -33,8 +33,7 @@ import struct
 import wave
 from pathlib import Path
 
-import numpy as np
-from gguf import GGUFType, GGUFWriter, LlamaFileType
+from tiny_mmproj import MmprojFile
 
 SAMPLE_RATE = 16000  # libmtmd's Whisper preprocessing: 16 kHz, 25 ms windows, 10 ms hops
 HOP = 160
@@ -80,11 +79,8 @@ def build_audio_mmproj_gguf(
         raise ValueError("n_ff must differ from n_embd")
     n_stacked = n_embd * stack_factor
 
-    tmp = out.with_name(out.name + ".tmp")
-    writer = GGUFWriter(tmp, "clip")
-    writer.add_type(GGUFType.MMPROJ)
-    writer.add_name("tiny-ultravox-mmproj")
-    writer.add_file_type(LlamaFileType.ALL_F32)
+    f = MmprojFile(out, "tiny-ultravox-mmproj", seed)
+    writer, tensor = f.writer, f.tensor
     writer.add_clip_has_audio_encoder(True)
     writer.add_clip_projector_type("ultravox")
     writer.add_audio_num_mel_bins(n_mel_bins)
@@ -97,15 +93,6 @@ def build_audio_mmproj_gguf(
     writer.add_audio_stack_factor(stack_factor)
     # (libmtmd fixes the rest for Whisper types: 16 kHz, n_fft 400, hop 160, GELU (erf).)
 
-    rng = np.random.default_rng(seed)
-
-    def tensor(name: str, shape: tuple[int, ...], scale: float = 0.02, fill: float | None = None) -> None:
-        if fill is not None:
-            data = np.full(shape, fill, dtype=np.float32)
-        else:
-            data = rng.standard_normal(shape, dtype=np.float32) * scale
-        writer.add_tensor(name, data)
-
     # numpy shapes are GGUF's (ne0, ne1, ...) reversed; a Linear's weight is (out, in), a
     # Conv1d's (out channels, in channels, kernel), its bias (out channels, 1) as the converter
     # writes it, to broadcast over the frames.
@@ -114,23 +101,7 @@ def build_audio_mmproj_gguf(
     tensor("a.conv1d.2.weight", (n_embd, n_embd, 3), scale=0.2)  # stride 2
     tensor("a.conv1d.2.bias", (n_embd, 1))
     tensor("a.position_embd.weight", (N_POS, n_embd))
-    for b in range(n_layer):
-        p = f"a.blk.{b}"
-        tensor(f"{p}.ln1.weight", (n_embd,), fill=1.0)
-        tensor(f"{p}.ln1.bias", (n_embd,), fill=0.0)
-        tensor(f"{p}.attn_q.weight", (n_embd, n_embd))
-        tensor(f"{p}.attn_q.bias", (n_embd,))
-        tensor(f"{p}.attn_k.weight", (n_embd, n_embd))  # Whisper's k has no bias (asserted)
-        tensor(f"{p}.attn_v.weight", (n_embd, n_embd))
-        tensor(f"{p}.attn_v.bias", (n_embd,))
-        tensor(f"{p}.attn_out.weight", (n_embd, n_embd))
-        tensor(f"{p}.attn_out.bias", (n_embd,))
-        tensor(f"{p}.ln2.weight", (n_embd,), fill=1.0)
-        tensor(f"{p}.ln2.bias", (n_embd,), fill=0.0)
-        tensor(f"{p}.ffn_up.weight", (n_ff, n_embd))
-        tensor(f"{p}.ffn_up.bias", (n_ff,))
-        tensor(f"{p}.ffn_down.weight", (n_embd, n_ff))
-        tensor(f"{p}.ffn_down.bias", (n_embd,))
+    f.blocks("a.blk", n_layer, n_embd, n_ff, k_bias=False)  # (Whisper's key has no bias: asserted)
     tensor("a.post_ln.weight", (n_embd,), fill=1.0)
     tensor("a.post_ln.bias", (n_embd,), fill=0.0)
     # The projector: RMSNorm (norm_pre), mlp.1 (stacked -> 2 * hidden), SwiGLU, RMSNorm
@@ -139,13 +110,7 @@ def build_audio_mmproj_gguf(
     tensor("mm.a.mlp.1.weight", (2 * n_hidden, n_stacked), scale=0.05)
     tensor("mm.a.norm_mid.weight", (n_hidden,), fill=1.0)
     tensor("mm.a.mlp.2.weight", (n_embd_text, n_hidden), scale=0.2)
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(out)
-    return out
+    return f.write()
 
 
 def write_wav(path: Path, seconds: float = 1.0, rate: int = 16000, seed: int = 0) -> Path:

@@ -26,8 +26,7 @@ import struct
 import zlib
 from pathlib import Path
 
-import numpy as np
-from gguf import GGUFType, GGUFWriter, LlamaFileType
+from tiny_mmproj import MmprojFile
 
 # CLIP's (OpenAI) normalization, as the LLaVA-1.5 mmproj files carry it.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -62,11 +61,8 @@ def build_mmproj_gguf(
         raise ValueError("n_ff must differ from n_embd")
     n_pos = image_tokens(image_size, patch_size) + 1  # the patches and the class embedding
 
-    tmp = out.with_name(out.name + ".tmp")
-    writer = GGUFWriter(tmp, "clip")
-    writer.add_type(GGUFType.MMPROJ)
-    writer.add_name("tiny-llava-mmproj")
-    writer.add_file_type(LlamaFileType.ALL_F32)
+    f = MmprojFile(out, "tiny-llava-mmproj", seed)
+    writer, tensor = f.writer, f.tensor
     writer.add_clip_has_vision_encoder(True)
     writer.add_clip_projector_type("mlp")
     writer.add_vision_image_size(image_size)
@@ -81,46 +77,18 @@ def build_mmproj_gguf(
     writer.add_vision_image_std(list(CLIP_STD))
     writer.add_vision_use_gelu(False)  # CLIP's quick GELU in the blocks (the MLP uses GELU)
 
-    rng = np.random.default_rng(seed)
-
-    def tensor(name: str, shape: tuple[int, ...], scale: float = 0.02, fill: float | None = None) -> None:
-        if fill is not None:
-            data = np.full(shape, fill, dtype=np.float32)
-        else:
-            data = rng.standard_normal(shape, dtype=np.float32) * scale
-        writer.add_tensor(name, data)
-
-    # numpy shapes are GGUF's (ne0, ne1, ...) reversed; a Linear's weight is (out, in).
     tensor("v.patch_embd.weight", (n_embd, 3, patch_size, patch_size))  # conv2d, no bias
     tensor("v.class_embd", (n_embd,))
     tensor("v.position_embd.weight", (n_pos, n_embd))
     tensor("v.pre_ln.weight", (n_embd,), fill=1.0)
     tensor("v.pre_ln.bias", (n_embd,), fill=0.0)
-    for b in range(n_layer):
-        p = f"v.blk.{b}"
-        tensor(f"{p}.ln1.weight", (n_embd,), fill=1.0)
-        tensor(f"{p}.ln1.bias", (n_embd,), fill=0.0)
-        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            tensor(f"{p}.{proj}.weight", (n_embd, n_embd))
-            tensor(f"{p}.{proj}.bias", (n_embd,))
-        tensor(f"{p}.ln2.weight", (n_embd,), fill=1.0)
-        tensor(f"{p}.ln2.bias", (n_embd,), fill=0.0)
-        tensor(f"{p}.ffn_up.weight", (n_ff, n_embd))
-        tensor(f"{p}.ffn_up.bias", (n_ff,))
-        tensor(f"{p}.ffn_down.weight", (n_embd, n_ff))
-        tensor(f"{p}.ffn_down.bias", (n_embd,))
+    f.blocks("v.blk", n_layer, n_embd, n_ff)
     # The projector: mm.0 (vision -> text width), GELU, mm.2 (text -> text width).
     tensor("mm.0.weight", (n_embd_text, n_embd), scale=0.2)
     tensor("mm.0.bias", (n_embd_text,))
     tensor("mm.2.weight", (n_embd_text, n_embd_text), scale=0.2)
     tensor("mm.2.bias", (n_embd_text,))
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(out)
-    return out
+    return f.write()
 
 
 def png_bytes(width: int, height: int, seed: int = 0) -> bytes:
