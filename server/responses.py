@@ -170,7 +170,8 @@ def _content(value: Any, where: str) -> str:
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _MEDIA:
-            raise ApiError(400, f"{at}: an {kind} part is not supported by infer serve yet (it reads text)",
+            raise ApiError(400, f"{at}: an {kind} part is not supported by infer serve's Responses API yet "
+                           "(send images to /v1/chat/completions, /v1/messages or /api/chat)",
                            param=at, code="unsupported_parameter")
         text = part.get("refusal" if kind == "refusal" else "text") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text", "text", "refusal") or not isinstance(text, str):
