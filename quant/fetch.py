@@ -30,11 +30,11 @@ def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False, progress:
     Split GGUFs come whole: every part is fetched, and llama.cpp opens the first.
     """
     offline = hub.offline_mode(offline)
-    cached = _from_cache(repo, quant) if not ask or offline else None
+    here = hub.cached_files(repo)
+    cached = _from_cache(repo, quant, here) if not ask or offline else None
     if cached is not None:  # downloaded once, reused from then on without asking the Hub
-        files = hub.cached_files(repo)
-        name = choose_mmproj(list(files), mmproj if isinstance(mmproj, str) else None) if mmproj else None
-        return (*cached, files[name] if name is not None else None)
+        name = choose_mmproj(list(here), mmproj if isinstance(mmproj, str) else None) if mmproj else None
+        return (*cached, here[name] if name is not None else None)
     if _checkpoint_cached(repo):  # a safetensors repo fetched before for conversion
         raise CheckpointOnlyError(repo)
     files = hub.list_files(repo, offline=offline, wanted=f"its {quant} GGUF" if quant else "a GGUF file")
@@ -55,9 +55,9 @@ def fetch_gguf(repo: str, quant: str | None, *, offline: bool = False, progress:
     return paths[0], chosen.quant, paths[-1] if name is not None else None
 
 
-def _from_cache(repo: str, quant: str | None) -> tuple[Path, str] | None:
-    """The requested quant (or, without one, the best cached quant) if all its files are cached."""
-    cached = hub.cached_files(repo)
+def _from_cache(repo: str, quant: str | None, cached: dict[str, Path]) -> tuple[Path, str] | None:
+    """The requested quant (or, without one, the best cached quant) if all its files are among
+    the `cached` ones."""
     groups = group_by_quant(list(cached))
     if not groups or (quant is not None and quant.upper() not in groups):
         return None
