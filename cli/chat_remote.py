@@ -19,13 +19,20 @@ from typing import Any
 
 from infer.cli import remote
 from infer.cli.chat_commands import BaseChat
-from infer.cli.chat_files import read_session, saved_params, write_session
+from infer.cli.chat_files import (
+    messages_from_json,
+    messages_to_json,
+    read_session,
+    saved_params,
+    write_session,
+)
 from infer.cli.chat_output import note, say
 from infer.cli.chat_settings import PROMPT_SETTINGS, list_overrides, parse_setting
 from infer.cli.flags import prompt_flags, thinking_request
 from infer.cli.render import reply_writer
 from infer.cli.thinking_display import thinking_display
-from infer.runtime.errors import InferError, MediaError, ModelNotFoundError, NetworkError, UsageError
+from infer.runtime.errors import InferError, ModelNotFoundError, NetworkError, UsageError
+from infer.runtime.media import openai_message
 from infer.runtime.messages import Dropped, Messages, check_context_policy
 
 CHAT_PATH = "/v1/chat/completions"
@@ -43,9 +50,10 @@ class RemoteConversation(Messages):
 
     def send(self, text: str, fields: Mapping[str, Any], media: tuple[Any, ...] = ()) -> Iterator[Any]:
         """Add a user message and stream the server's reply (Piece ..., Completion)."""
-        if media:
-            raise MediaError(f"{media[0].name}: images and audio are read here, not through a server (yet)")
-        self.messages.append({"role": "user", "content": text})
+        from infer.runtime.media import place_markers
+
+        message = {"role": "user", "content": place_markers(text, len(media)), "media": tuple(media)}
+        self.messages.append(message if media else {"role": "user", "content": text})
         yield from self._reply(fields, new=True)
 
     def retry(self, fields: Mapping[str, Any]) -> Iterator[Any]:
@@ -59,7 +67,8 @@ class RemoteConversation(Messages):
     def _reply(self, fields: Mapping[str, Any], *, new: bool) -> Iterator[Any]:
         dropped = 0
         while True:  # the server refuses a conversation that no longer fits its context
-            body = {"model": self.model, "messages": self.messages, "stream": True,
+            messages = [openai_message(m) for m in self.messages]  # (media as data: URLs)
+            body = {"model": self.model, "messages": messages, "stream": True,
                     "stream_options": {"include_usage": True}, **fields}
             replies = remote.events(self.where, CHAT_PATH, body)
             try:
@@ -151,7 +160,8 @@ class RemoteChat(BaseChat):
 
     def save(self, name: str) -> None:
         """The messages and the parameters set; the KV cache stays in the server."""
-        write_session(name, {"fingerprint": None, "messages": self.conversation.messages, "tokens": [],
+        write_session(name, {"fingerprint": None, "messages": messages_to_json(self.conversation.messages),
+                             "tokens": [],
                              "params": dict(self.overrides), "thinking": self.prompt_settings}, None)
         note(f"saved session {name!r} (messages and parameters; the KV cache is the server's)")
 
@@ -164,7 +174,7 @@ class RemoteChat(BaseChat):
             with contextlib.suppress(UsageError):  # (a setting a server cannot take)
                 remote.request_fields({key: value})
                 overrides[key] = value
-        self.conversation.messages = list(meta["messages"])
+        self.conversation.messages = messages_from_json(meta["messages"])
         self.overrides = overrides
         self.restore_thinking(meta)
         self.params = {**remote.request_fields(overrides), **self.thinking}

@@ -27,6 +27,16 @@ def prompt_and_media(flags: Mapping[str, Any], prompt_arg: str | None,
     """The prompt with a marker where each medium goes, the prompt as typed, the media, and the
     projector file that reads them (an error where there are media and no projector)."""
     projector = projector_path(flags, resolved)
+    text, asked, media = media_and_prompt(flags, prompt_arg)
+    if media and projector is None:
+        raise MediaError(f"{media[0].name}: reading {media[0].kind} needs the model's projector: "
+                         "give --mmproj FILE (its mmproj-*.gguf)")
+    return text, asked, media, projector
+
+
+def media_and_prompt(flags: Mapping[str, Any], prompt_arg: str | None) -> tuple[str, str, list[Medium]]:
+    """The --image and --audio files, checked (--max-media too), and the prompt: with a marker
+    where each medium goes, and as typed (stdin is the prompt's unless a medium reads it)."""
     import sys
 
     from infer.cli.stdin import combine_prompt
@@ -35,12 +45,9 @@ def prompt_and_media(flags: Mapping[str, Any], prompt_arg: str | None,
     media = read_media(flags, sys.stdin.buffer, sys.stdin.isatty())
     if len(media) > flags.get("max_media", len(media)):
         raise MediaError(f"{len(media)} images and audio files, over --max-media {flags['max_media']}")
-    if media and projector is None:
-        raise MediaError(f"{media[0].name}: reading {media[0].kind} needs the model's projector: "
-                         "give --mmproj FILE (its mmproj-*.gguf)")
     stdin_read = "-" in [*(flags.get("image") or ()), *(flags.get("audio") or ())]  # (not the prompt's)
     asked = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty() or stdin_read)
-    return (place_markers(asked, len(media)) if media else asked), asked, media, projector
+    return (place_markers(asked, len(media)) if media else asked), asked, media
 
 
 def read_media(flags: Mapping[str, Any], stdin: BinaryIO, stdin_is_tty: bool) -> list[Medium]:

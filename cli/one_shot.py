@@ -23,7 +23,6 @@ from infer.cli.flags import (
     spec_params,
     thinking_request,
 )
-from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import UsageError
 
 TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
@@ -72,8 +71,6 @@ def execute(flags: Mapping[str, Any]) -> None:
     if model is None:
         raise UsageError("give a MODEL (a .gguf file, an alias, or owner/repo[:QUANT]); "
                          "see 'infer run --help'")
-    if where is not None and (flags.get("image") or flags.get("audio")):
-        raise UsageError("--image and --audio are read here, not through a server (INFER_SERVER): unset it")
     if where is not None:  # the model is loaded there: send the request, print the same
         from infer.cli.plain_args import defaults
 
@@ -216,10 +213,14 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
                     record: Any, overrides: Mapping[str, Any], tools: Any) -> None:
     """`infer run` through the server at `where`: the same prompt, output and exit codes."""
     from infer.cli import remote
+    from infer.cli.media import media_and_prompt
+    from infer.runtime.media import openai_message
 
     fields = remote.request_fields(overrides)
-    text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
+    marked, text, media = media_and_prompt(flags, prompt_arg)  # (sent as data: URLs: the server reads them)
     if flags["raw"]:
+        if media:
+            raise UsageError("--image and --audio go in a chat message: not with --raw")
         if not text:
             raise UsageError("the prompt is empty")
         path, body = "/v1/completions", {"prompt": text}
@@ -227,8 +228,10 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
         system = flags["system"]
         if system is None and record is None:
             system = remote.alias_system(model)
-        record = _ask(record, model, system, text)
-        path, body = "/v1/chat/completions", {"messages": record.messages}
+        record = _ask(record, model, system, text)  # (the saved conversation keeps the text as typed)
+        asked = openai_message({"role": "user", "content": marked, "media": media}) if media else None
+        messages = [*record.messages[:-1], asked or record.messages[-1]]
+        path, body = "/v1/chat/completions", {"messages": messages}
         fields.update(remote.thinking_fields(*prompt_settings(flags), reasoning_budget(flags)))
         if tools is not None:
             from infer.cli.run_tools import request_fields

@@ -42,6 +42,7 @@ SERVER_SIDE = {
     "spec_draft_n_min": "--spec-draft-n-min", "draft_p_min": "--draft-p-min",
     "spec_ngram_size": "--spec-ngram-size",
     "chat_template_file": "--chat-template-file", "show_prompt": "--show-prompt", "no_cache": "--no-cache",
+    "mmproj": "--mmproj", "no_mmproj": "--no-mmproj",
 }
 
 def address(flags: Mapping[str, Any]) -> Address | None:

@@ -64,6 +64,9 @@ SERVER = "Server"
     o.NO_CACHE,
     o.MMPROJ,
     o.MAX_MEDIA,
+    ("allow_remote_media", Annotated[bool, typer.Option(
+        "--allow-remote-media", help="Fetch images that requests give by http(s) URL (at most 20 MB, "
+        "10 s each). Off: only data: URLs and base64 are read.", rich_help_panel=SERVER)], False),
     ("no_socket", Annotated[bool, typer.Option(
         "--no-socket", help="Do not listen on the Unix socket in INFER_HOME (serve.sock) as well.",
         rich_help_panel=SERVER)], False),
@@ -91,7 +94,8 @@ def execute(flags: Mapping[str, Any]) -> None:
     from infer.server.app import Config
 
     config = Config(api_key=_api_key(flags), sampling=tuple(overrides.items()),
-                    chat_template=_template(flags), max_media=flags["max_media"])
+                    chat_template=_template(flags), max_media=flags["max_media"],
+                    allow_remote_media=flags["allow_remote_media"])
     if flags["model"] is not None:  # a bad default model fails now, with its exit code
         resolve({**flags, "offline": True})
     if flags["mmproj"] is not None and (flags["model"] is None or not Path(flags["mmproj"]).is_file()):

@@ -41,6 +41,7 @@ class Medium:
     name: str
     kind: str  # "image" or "audio"
     data: bytes
+    url: str | None = None  # an http(s) image not fetched yet (infer serve --allow-remote-media)
 
 
 def sniff(data: bytes) -> tuple[str, str] | None:
@@ -73,9 +74,9 @@ def medium(name: str, data: bytes, kind: str | None = None) -> Medium:
 
 
 def part_medium(part: dict, where: str) -> Medium:
-    """An OpenAI content part's medium: `image_url` with a `data:` URL (base64), or
-    `input_audio` ({"data": base64, "format": "wav"|"mp3"|"flac"}); a FieldError names a bad
-    part (an http(s) URL too: infer fetches no remote media yet)."""
+    """An OpenAI content part's medium: `image_url` with a `data:` URL (base64) or an http(s) URL
+    (a Medium to fetch: its `url`), or `input_audio` ({"data": base64, "format": "wav"|"mp3"|"flac"});
+    a FieldError names a bad part."""
     import base64
     import binascii
 
@@ -87,8 +88,7 @@ def part_medium(part: dict, where: str) -> Medium:
         if not isinstance(url, str):
             raise FieldError(f"{where}.image_url.url", f"{where}.image_url.url must be a string")
         if url.startswith(("http://", "https://")):
-            raise FieldError(f"{where}.image_url.url", f"{where}.image_url.url: infer serve does not fetch "
-                             "remote images (yet): send the image as a data: URL", unsupported=True)
+            return Medium(f"{where}.image_url.url", "image", b"", url=url)
         head, comma, data = url.partition(",")
         if not (url.startswith("data:") and comma and head.endswith(";base64")):
             raise FieldError(f"{where}.image_url.url", f"{where}.image_url.url must be a data: URL "
@@ -182,6 +182,9 @@ def media_prompt(projector: Projector, text: str, media: Sequence[Medium], *,
         raise MediaError(f"{len(media)} images and audio files, over the limit of {limit} a prompt "
                          "may hold (--max-media)")
     for m in media:
+        if m.url is not None:
+            raise MediaError(f"{m.name}: {m.url} is a remote image: only infer serve fetches those, when "
+                             "started with --allow-remote-media; give the file or a data: URL")
         if not {"image": projector.vision, "audio": projector.audio}[m.kind]:
             raise MediaError(f"{m.name}: this model's projector takes no {m.kind}")
     chunks, free = projector.chunks(text, [(m.name, m.data) for m in media], add_special=add_special)

@@ -180,14 +180,15 @@ def _blocks(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def _image(block: dict[str, Any], at: str) -> dict[str, Any]:
-    """An image block (its base64 source) as OpenAI's image_url part (a data: URL)."""
+    """An image block as OpenAI's image_url part: its base64 source as a data: URL, its url
+    source as that URL (fetched with --allow-remote-media)."""
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "url" and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
     if kind != "base64" or not isinstance(source.get("data"), str):
-        if kind == "url":
-            raise ApiError(400, f"{at}.source: infer serve does not fetch remote images (yet): send the "
-                           "image as base64", param=f"{at}.source", code="unsupported_parameter")
-        raise invalid(f"{at}.source", f"{at}.source must be a base64 source (type, media_type, data)")
+        raise invalid(f"{at}.source", f"{at}.source must be a base64 source (type, media_type, data) "
+                      "or a url source (type, url)")
     media_type = source.get("media_type") if isinstance(source.get("media_type"), str) else "image/png"
     return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{source['data']}"}}
 

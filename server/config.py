@@ -14,3 +14,5 @@ class Config:
     chat_template: str | None = None
     shutdown_grace_s: float = 5.0
     max_media: int = 8  # images and audio files one request may hold (--max-media)
+    allow_remote_media: bool = False  # fetch images given by http(s) URL (--allow-remote-media)
+    remote_timeout_s: float = 10.0  # the whole download of one (server/remote_media.py)

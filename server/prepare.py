@@ -130,6 +130,9 @@ def _with_media(served: Served, gen: schema.Generation, thinking: ThinkingPrompt
     if served.projector is None:
         raise invalid("messages", f"{served.name} reads no {media[0].kind}: it was loaded without a "
                       "projector (infer serve MODEL --mmproj FILE, or a Hub model whose repository has one)")
+    from infer.server.remote_media import fetched
+
+    media = fetched(media, allowed=config.allow_remote_media, timeout_s=config.remote_timeout_s)
     text = thinking.prompt.text
     mp = media_prompt(served.projector, text, media, add_special=adds_bos(served.model, text),
                       limit=config.max_media)

@@ -41,7 +41,6 @@ _REFUSED = {"background": "background responses", "conversation": "the Conversat
             "prompt": "stored prompt templates"}
 _EFFORT = {"none": "none", "minimal": "minimal", "low": "low", "medium": "medium", "high": "high",
            "xhigh": "high"}
-_MEDIA = ("input_image", "input_file", "input_audio")
 
 
 @dataclass(frozen=True)
@@ -160,24 +159,52 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
             "content": _content(item.get("content"), f"{where}.content")}
 
 
-def _content(value: Any, where: str) -> str:
+def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message's text; with images or audio, its parts in chat's form (image_url, input_audio)."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
         raise invalid(where, f"{where} must be a string or an array of content parts")
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(value):
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _MEDIA:
-            raise ApiError(400, f"{at}: an {kind} part is not supported by infer serve's Responses API yet "
-                           "(send images to /v1/chat/completions, /v1/messages or /api/chat)",
-                           param=at, code="unsupported_parameter")
+        if kind in ("input_image", "input_audio"):
+            parts.append(_medium(part, at))
+            continue
+        if kind == "input_file":
+            raise ApiError(400, f"{at}: an input_file part is not supported by infer serve (give images as "
+                           "input_image parts, text as input_text)", param=at, code="unsupported_parameter")
         text = part.get("refusal" if kind == "refusal" else "text") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text", "text", "refusal") or not isinstance(text, str):
             raise invalid(at, f"{at} must be an input_text or output_text part with its text")
-        texts.append(text)
-    return "".join(texts)
+        parts.append({"type": "text", "text": text})
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _medium(part: dict[str, Any], at: str) -> dict[str, Any]:
+    """An input_image part (image_url: a data: or http(s) URL) or input_audio part as chat's part,
+    checked here (a bad one's 400 names this part, not the chat message it becomes)."""
+    from infer.runtime.errors import FieldError
+    from infer.runtime.media import part_medium
+
+    if part["type"] == "input_audio":
+        chat_part = {"type": "input_audio", "input_audio": part.get("input_audio")}
+    elif part.get("file_id") is not None:
+        raise ApiError(400, f"{at}.file_id: infer serve has no Files API: give the image as image_url (a "
+                       "data: URL)", param=f"{at}.file_id", code="unsupported_parameter")
+    elif not isinstance(part.get("image_url"), str):
+        raise invalid(f"{at}.image_url", f"{at}.image_url must be the image's URL (a data: URL)")
+    else:
+        chat_part = {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    try:
+        part_medium(chat_part, at)
+    except FieldError as e:
+        field = e.field.replace(".image_url.url", ".image_url")
+        raise invalid(field, str(e).replace(e.field, field)) from None
+    return chat_part
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:

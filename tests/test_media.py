@@ -13,6 +13,7 @@ import subprocess
 import wave
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from conftest import QWEN_TEMPLATE, assert_one_line_error, llama_tool, run_cli
@@ -232,7 +233,10 @@ def test_the_server_reads_images_in_chat_requests(vision: SimpleNamespace, tmp_p
     ask = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                         {"type": "text", "text": "Describe it."}]}]
     s = Server(str(vision.model), "--mmproj", str(vision.mmproj), "-np", "2", "-c", "2048",
-               "--spec-type", "none", "--flash-attn", "off", "--max-media", "1", home=tmp_path / "home")
+               "--spec-type", "none", "--flash-attn", "off", "--max-media", "1", "--allow-remote-media",
+               home=tmp_path / "home")
+    files_server = _file_server(vision.dir)
+    files = f"http://127.0.0.1:{files_server.server_address[1]}"
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         asked = {"model": str(vision.model), "messages": ask, "temperature": 0, "max_tokens": 16}
@@ -259,18 +263,72 @@ def test_the_server_reads_images_in_chat_requests(vision: SimpleNamespace, tmp_p
             model=str(vision.model), options={"temperature": 0, "num_predict": 16},
             messages=[{"role": "user", "content": "Describe it.", "images": [b64]}])
         assert chat.message.content == reply.choices[0].message.content
+        expected = reply.choices[0].message.content
+        _the_same_through_urls_responses_and_the_cli(s.url, files, client, vision, expected)
         two = [{"role": "user", "content": [ask[0]["content"][0], *ask[0]["content"]]}]
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model=str(vision.model), messages=two, max_tokens=4)
         assert "over the limit of 1" in caught.value.body["message"], caught.value.body
         nopng = "data:image/png;base64," + base64.b64encode(b"not a png").decode()
-        for part in (url[:-8] + "!!!!", "http://example.com/a.png", nopng):
+        for part in (url[:-8] + "!!!!", files + "/missing.png", nopng):
             bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": part}}]}]
             with pytest.raises(openai.BadRequestError) as caught:
                 client.chat.completions.create(model=str(vision.model), messages=bad, max_tokens=4)
             assert caught.value.body["param"] == "messages[0].content[0].image_url.url", caught.value.body
     finally:
+        files_server.shutdown()
         assert s.stop() == 0, "".join(s.log)
+
+
+def _file_server(folder: Path) -> Any:
+    """A plain HTTP server of `folder`'s files on 127.0.0.1 (remote images), serving."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+def _the_same_through_urls_responses_and_the_cli(server: str, files: str, client: Any,
+                                                 vision: SimpleNamespace, expected: str) -> None:
+    """The image by http URL (--allow-remote-media: OpenAI's and Anthropic's), in a Responses
+    input_image part, and from `infer run --image` and `infer chat` through INFER_SERVER: each the
+    reply the same image gave as a data: URL."""
+    import anthropic
+
+    model, url = str(vision.model), files + "/a.png"
+    ask = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                        {"type": "text", "text": "Describe it."}]}]
+    fetched = client.chat.completions.create(model=model, messages=ask, temperature=0, max_tokens=16)
+    assert fetched.choices[0].message.content == expected
+    blocks = [{"type": "image", "source": {"type": "url", "url": url}},
+              {"type": "text", "text": "Describe it."}]
+    message = anthropic.Anthropic(base_url=server, api_key="unused", max_retries=0).messages.create(
+        model=model, max_tokens=16, messages=[{"role": "user", "content": blocks}],
+        extra_body={"temperature": 0})
+    assert message.content[0].text == expected
+    import base64
+
+    data = "data:image/png;base64," + base64.b64encode(vision.a.read_bytes()).decode()
+    response = client.responses.create(model=model, temperature=0, max_output_tokens=16, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data},
+                                     {"type": "input_text", "text": "Describe it."}]}])
+    assert response.output_text == expected
+    through = {"INFER_SERVER": server}
+    greedy = ("-n", "16", "--temperature", "0")
+    ran = run_cli("run", model, *greedy, "--image", vision.a, "Describe it.", env=through)
+    assert ran.returncode == 0 and ran.stdout.strip("\n") == expected, ran
+    chat = run_cli("chat", model, "--plain", *greedy, input=f"{vision.a}\n", env=through)
+    assert chat.returncode == 0 and "error" not in chat.stderr, chat.stderr
+    alone = client.chat.completions.create(model=model, temperature=0, max_tokens=16, messages=[
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data}}]}])
+    assert chat.stdout.startswith(alone.choices[0].message.content), (chat.stdout, alone)
 
 
 def test_batch_lines_carry_images_as_paths_or_base64(vision: SimpleNamespace, tmp_path: Path) -> None:
@@ -302,7 +360,8 @@ def test_batch_lines_carry_images_as_paths_or_base64(vision: SimpleNamespace, tm
 
 def test_greedy_text_with_audio_equals_llama_mtmd_clis(vision: SimpleNamespace, mtmd_cli: Path) -> None:
     """A tiny random Ultravox-style audio projector (tests/tiny_audio.py): `--audio` reads a WAV
-    as llama-mtmd-cli does (the same tokens); an image given to it is refused, exit 2."""
+    as llama-mtmd-cli does (the same tokens), here and through a server (an OpenAI input_audio
+    part); an image given to it is refused, exit 2."""
     from tiny_audio import build_audio_mmproj_gguf, write_wav
 
     projector = build_audio_mmproj_gguf(vision.dir / "mmproj-audio.gguf")
@@ -314,5 +373,15 @@ def test_greedy_text_with_audio_equals_llama_mtmd_clis(vision: SimpleNamespace, 
                            "-fa", "off", "-t", "2"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert ours.stdout.strip("\n") == done.stdout.strip("\n") and ours.stdout.strip()
+    from serve_helpers import Server  # the same through a server: an input_audio part
+
+    s = Server(str(vision.model), "--mmproj", str(projector), "-np", "1", "-c", "1024", "--spec-type", "none",
+               "--flash-attn", "off", home=vision.dir / "home-audio")
+    try:
+        served = run_cli("run", vision.model, "-n", "16", "--temperature", "0", "--audio", wav,
+                         "Transcribe it.", env={"INFER_SERVER": s.url})
+        assert served.returncode == 0 and served.stdout == ours.stdout, served
+    finally:
+        assert s.stop() == 0, "".join(s.log)
     assert_one_line_error(run_cli("run", vision.model, "--mmproj", projector, "--image", vision.a, "Hi"), 2,
                           "a.png: this model's projector takes no image")

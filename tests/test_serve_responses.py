@@ -159,8 +159,14 @@ HOSTILE = [
     ({"model": "smollm2", "input": 7}, 400, "input", "string or a non-empty array"),
     ({"model": "smollm2", "input": []}, 400, "input", "non-empty array"),
     ({"model": "smollm2", "input": [{"role": "user", "content": [
+        {"type": "input_image", "file_id": "file-1"}]}]},
+     400, "input[0].content[0].file_id", "no Files API"),
+    ({"model": "smollm2", "input": [{"role": "user", "content": [
+        {"type": "input_file", "file_data": "AAAA"}]}]},
+     400, "input[0].content[0]", "input_file part is not supported"),
+    ({"model": "smollm2", "input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]},
-     400, "input[0].content[0]", "input_image part is not supported"),
+     400, "input[0].content[0].image_url", "not a PNG, JPEG"),
     ({"model": "smollm2", "input": [{"type": "web_search_call", "id": "ws_1"}]}, 400, "input[0].type",
      "'web_search_call' is not supported"),
     ({"model": "smollm2", "input": [{"role": "tool", "content": "x"}]}, 400, "input[0].role", "role"),
