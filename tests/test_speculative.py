@@ -208,24 +208,18 @@ CODE = "\n".join(
      for i in range(6)])
 DOC = ("The museum opened in 1911. Its first director was Ada Lind. The east wing burned in "
        "1940 and was rebuilt in 1952. Entry has been free since 1999. ") * 2
-# 18 prompts: the real-model suite's mix plus ones whose replies repeat their input.
+# 12 prompts: some of the real-model suite's mix, and ones whose replies repeat their input (18 took
+# 40 s more of the suite and found nothing these do not).
 PROMPTS: list[str | list[dict[str, str]]] = [
     "The capital of France is",
     "def fibonacci(n):\n",
-    "Once upon a time, in a small village,",
     "1, 2, 3, 4, 5, 6, 7, 8,",
     "the cat sat on the mat. the cat sat on the mat. the cat",
     [{"role": "user", "content": "What is 2 + 2?"}],
-    [{"role": "user", "content": "Write a haiku about the sea."}],
-    [{"role": "user", "content": "Give me three tips for learning Python."}],
     [{"role": "user", "content": "请用一句话介绍你自己。🙂"}],
-    [{"role": "system", "content": "You are a pirate. Answer in one sentence."},
-     {"role": "user", "content": "Where is the treasure?"}],
     [{"role": "user", "content": f"Rename result to value and print the code.\n\n{CODE}"}],
     [{"role": "user", "content": f"Print this code again, unchanged.\n\n{CODE}"}],
-    [{"role": "user", "content": f"Add a docstring to each function.\n\n{CODE}"}],
     [{"role": "user", "content": f"Quote the sentences with a year.\n\n{DOC}"}],
-    [{"role": "user", "content": f"Who was the first director? Quote the text.\n\n{DOC}"}],
     [{"role": "user", "content": f"Repeat this text exactly.\n\n{DOC}"}],
     [{"role": "user", "content": "List the days of the week, then list them again."}],
     [{"role": "user", "content": "Write the alphabet twice, separated by commas."}],
