@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own tools (llama-bench, llama-completion, llama-batched-bench, llama-lookup,
-# llama-speculative-simple, llama-server, llama-mtmd-cli) from the llama-cpp-python
+# llama-speculative-simple, llama-server, llama-mtmd-cli, llama-embedding) from the llama-cpp-python
 # source distribution of the installed version, into ../.bench/ (ignored by git).
 # Usage: benchmarks/build_llama_tools.sh [TARGET...]   -> prints the folder holding the binaries.
 # With targets (e.g. llama-server, which the test suite compares infer serve with) only those
@@ -22,7 +22,7 @@ cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLL
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(llama-bench llama-completion llama-batched-bench llama-lookup llama-speculative-simple llama-server
-           llama-mtmd-cli)
+           llama-mtmd-cli llama-embedding)
 fi
 cmake --build "$out/build" -j "$(nproc)" --target "${targets[@]}" >&2
 echo "$out/build/bin"

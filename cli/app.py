@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quantize": ("infer.cli.quantize", "quantize"),
     "bench": ("infer.cli.bench", "bench"),
     "batch": ("infer.cli.batch", "batch"),
+    "embed": ("infer.cli.embed", "embed"),
     "serve": ("infer.cli.serve", "serve"),
     "doctor": ("infer.cli.doctor", "doctor"),
     "worker": ("infer.cli.worker", "worker"),

@@ -8,6 +8,7 @@ from infer.runtime.errors import UsageError
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 FLASH_ATTN_MODES = ("auto", "on", "off")
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")  # llama_pooling_type's, in its order from 0
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class ContextParams:
     repack: bool = True
     tensor_split: tuple[float, ...] = ()  # weights of the offload devices (empty: by free memory)
     rpc: tuple[str, ...] = ()              # HOST:PORT of RPC workers whose devices join in
+    # An embedding context (runtime/embedding.py): outputs are embeddings, pooled per sequence
+    # as `pooling` says (None: as the model says; "none", "mean", "cls", "last", "rank").
+    embeddings: bool = False
+    pooling: str | None = None
 
     def resolved_n_ctx(self, n_ctx_train: int) -> int:
         """The context size to create: n_ctx; 0: the model's training context; None: that,
@@ -71,6 +76,8 @@ class ContextParams:
                 f"flash attention must be one of {', '.join(FLASH_ATTN_MODES)}, "
                 f"got {self.flash_attn!r}"
             )
+        if self.pooling is not None and self.pooling not in POOLING_TYPES:
+            raise UsageError(f"pooling must be one of {', '.join(POOLING_TYPES)}, got {self.pooling!r}")
         for name in ("cache_type_k", "cache_type_v"):
             value = getattr(self, name)
             if value not in KV_CACHE_TYPES:

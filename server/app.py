@@ -20,6 +20,7 @@ from starlette.routing import Route
 from infer.server import (
     anthropic,
     anthropic_reply,
+    embeddings,
     infill_reply,
     ollama,
     ollama_models,
@@ -111,6 +112,15 @@ class Api:
             raise responses.not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
+    async def embeddings(self, request: HttpRequest) -> Response:
+        """OpenAI's /v1/embeddings (server/embeddings.py)."""
+        body = schema.parse_body(await read_body(request))
+        served = await self.pool.get(body.get("model"))
+        engine = embeddings.engine_of(served)
+        asked = await asyncio.to_thread(embeddings.parse, body, served)
+        vectors = await asyncio.to_thread(engine.embed, asked.tokens, asked.params)
+        return JSONResponse(embeddings.reply(served.name, asked, vectors))
+
     async def infill(self, request: HttpRequest) -> Response:
         """llama-server's /infill (fill in the middle; `/v1/completions` takes a `suffix` too)."""
         gen = schema.parse_infill(schema.parse_body(await read_body(request)))
@@ -162,6 +172,8 @@ def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlet
         Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", api.count_tokens, methods=["POST"]),
         Route("/infill", api.infill, methods=["POST"]),
+        Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+        Route("/embeddings", api.embeddings, methods=["POST"]),
         Route("/api/chat", api.ollama_chat, methods=["POST"]),
         Route("/api/generate", api.ollama_generate, methods=["POST"]),
         Route("/api/tags", api.ollama_tags, methods=["GET"]),

@@ -58,6 +58,9 @@ class Generations:
     async def respond(self, http: HttpRequest, gen: schema.Generation, shape: Shape) -> Response:
         """Run a checked request and answer in `shape` (OpenAI's, or another API's at the edge)."""
         served = await self.pool.get(gen.model)
+        if served.embeds:
+            raise ApiError(400, f"{served.name} is an embedding model: it answers /v1/embeddings, not "
+                           "chat or completions", param="model", code="model_not_supported")
         ready = await asyncio.to_thread(prepare, served, gen, self.config)
         thinking = ready.thinking
         mailbox = Mailbox(asyncio.get_running_loop())

@@ -37,6 +37,11 @@ class Served:
     def model(self) -> Model:
         return self.opened.model
 
+    @property
+    def embeds(self) -> bool:
+        """An embedding model (runtime/embed_engine.py), not a chat model."""
+        return hasattr(self.engine, "embedder")
+
 
 @dataclass
 class StopReport:
@@ -127,11 +132,9 @@ class ModelPool:
                 opened = await asyncio.to_thread(self.open_model, name)
                 engine = projector = None
                 try:
-                    engine = await asyncio.to_thread(
-                        Engine, opened.model, opened.params, parallel=opened.parallel,
-                        speculation=self.speculation, max_waiting=self.max_waiting,
-                        prompt_cache=self.prompt_cache, cache_name=name)
-                    projector = await asyncio.to_thread(_projector, opened, engine)
+                    engine = await asyncio.to_thread(self._engine, opened, name)
+                    if not hasattr(engine, "embedder"):
+                        projector = await asyncio.to_thread(_projector, opened, engine)
                 except BaseException:
                     if engine is not None:
                         engine.close()
@@ -142,6 +145,18 @@ class ModelPool:
         served = Served(name, opened, engine, projector)
         self.loaded[name] = served
         return served
+
+    def _engine(self, opened: OpenedModel, name: str) -> Any:
+        """A chat model's engine (the continuous batch), or an embedding model's (one whose GGUF
+        records its pooling)."""
+        from infer.runtime.embedding import pools
+
+        if pools(opened.model) is not None:
+            from infer.runtime.embed_engine import EmbedEngine
+
+            return EmbedEngine(opened.model, opened.params)
+        return Engine(opened.model, opened.params, parallel=opened.parallel, speculation=self.speculation,
+                      max_waiting=self.max_waiting, prompt_cache=self.prompt_cache, cache_name=name)
 
     async def unload(self, served: Served, grace_s: float = 0.0) -> None:
         if self.loaded.get(served.name) is served:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import MODEL_ARCH, MODEL_TENSOR, GGUFValueType, GGUFWriter, LlamaFileType, PoolingType
 from gguf.constants import TENSOR_NAMES
 
 from infer.quant.gguf_check import check_gguf
@@ -77,10 +77,12 @@ def build_llama_gguf(
     split_max_tensors: int = 0,
     fim: bool = False,
     weight_scale: float = 0.02,
+    pooling: int | None = None,
 ) -> Path:
     """Write a random-weight llama model with a real vocabulary to `out`. `weight_scale`: the
     layers' weights' standard deviation (larger: each position's input weighs more in the
-    output, as a test of media in the prompt needs)."""
+    output, as a test of media in the prompt needs); `pooling`: the pooling type recorded (an
+    embedding model's: 1 mean, 2 cls, 3 last)."""
     arch = MODEL_ARCH.LLAMA
     # Split files are named by the writer (OUT-00001-of-0000N.gguf); others via a temporary name.
     tmp = out if split_max_tensors else out.with_name(out.name + ".tmp")
@@ -101,6 +103,8 @@ def build_llama_gguf(
         writer.add_chat_template(chat_template)
     for key, value in (sampling or {}).items():
         getattr(writer, f"add_sampling_{key}")(value)
+    if pooling is not None:
+        writer.add_pooling_type(PoolingType(pooling))
 
     rng = np.random.default_rng(seed)
     dtype = np.float16 if f16 else np.float32

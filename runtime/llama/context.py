@@ -91,6 +91,12 @@ class Context:
         cp.type_k = _KV_CACHE_TYPES[params.cache_type_k]
         cp.type_v = _KV_CACHE_TYPES[params.cache_type_v]
         cp.no_perf = True
+        if params.embeddings:
+            from infer.runtime.params import POOLING_TYPES
+
+            cp.embeddings = True
+            if params.pooling is not None:
+                cp.pooling_type = POOLING_TYPES.index(params.pooling)
         self._ptr = C.llama_init_from_model(model.ptr, cp)
         if not self._ptr:
             if params.cache_type_v not in ("f16", "f32", "bf16") and params.flash_attn != "on":
@@ -240,7 +246,8 @@ class Context:
         C.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
 
     def memory_clear(self) -> None:
-        C.llama_memory_clear(self._memory, True)
+        if self._memory:  # (an encoder, BERT's, keeps no KV cache)
+            C.llama_memory_clear(self._memory, True)
 
 
 class Batch:

@@ -1,0 +1,178 @@
+"""Texts to embedding vectors (issue 37): an embedding context of llama.cpp, several texts per
+llama_decode.
+
+Each text is one sequence of its own (its own sequence id, positions from 0); a batch is filled
+with whole texts up to its size in tokens and its number of sequences, as llama-embedding and
+llama-server fill theirs, and llama.cpp pools each sequence's outputs as the context's pooling
+says (the model's `pooling_type`, or the caller's: mean, cls, last; "none" gives each token's).
+An encoder (BERT) attends both ways, so a text must fit one micro-batch: the context's
+micro-batch is its batch. A decoder's KV cache is cleared between batches.
+
+Vectors are then cut to `dimensions` (Matryoshka models) and L2-normalized, as llama.cpp's
+`--embd-normalize 2` and sentence-transformers' Normalize do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from infer.runtime.errors import UsageError
+from infer.runtime.llama.bindings import C
+from infer.runtime.llama.context import Batch, Context
+from infer.runtime.llama.model import Model
+from infer.runtime.params import POOLING_TYPES, ContextParams
+
+MAX_SEQUENCES = 64  # texts in one llama_decode at most (llama.cpp allows 256 sequences)
+
+
+@dataclass(frozen=True)
+class EmbedParams:
+    """What is done to each text and vector: `prefix` before the text (a model's "query: "),
+    over-long texts cut (`truncate`) or refused, vectors cut to `dimensions`, `normalize`d."""
+
+    prefix: str = ""
+    truncate: bool = False
+    dimensions: int | None = None
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dimensions is not None and self.dimensions < 1:
+            raise UsageError(f"dimensions must be at least 1, got {self.dimensions}")
+
+
+def embedding_context(params: ContextParams, n_batch: int) -> ContextParams:
+    """`params` made an embedding context's: a batch (and micro-batch, and KV cache) of
+    `n_batch` tokens shared by up to MAX_SEQUENCES texts."""
+    from dataclasses import replace
+
+    return replace(params, embeddings=True, n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch,
+                   n_seq_max=MAX_SEQUENCES, kv_unified=True)
+
+
+def pools(model: Model) -> str | None:
+    """The pooling an embedding model's GGUF records ("mean", "cls", "last"; "rank": a
+    reranker's); None where it records none or "none" (a chat model)."""
+    recorded = model.meta(f"{model.meta('general.architecture')}.pooling_type") or ""
+    if not recorded.isdigit() or not 0 < int(recorded) < len(POOLING_TYPES):
+        return None
+    return POOLING_TYPES[int(recorded)]
+
+
+class Embedder:
+    """A model's embedding context: `tokens` for a text, `vectors` for many."""
+
+    def __init__(self, model: Model, context: Context, *, owns_model: bool = True) -> None:
+        """`owns_model`: close the model with the embedder."""
+        self.model, self.context, self.owns_model = model, context, owns_model
+        self.pooling = POOLING_TYPES[max(0, int(C.llama_pooling_type(context.ptr)))]
+        self.model_pooling = pools(model)
+        self.n_out = int(C.llama_model_n_cls_out(model.ptr) if self.pooling == "rank"
+                         else C.llama_model_n_embd_out(model.ptr))
+        # the tokens one text may have: a batch's, and no more positions than the model has
+        self.max_tokens = min(context.n_batch, model.n_ctx_train or context.n_batch)
+        self._batch = Batch(context.n_batch, MAX_SEQUENCES)
+
+    @classmethod
+    def open(cls, path: str, params: ContextParams, *, n_batch: int = 2048) -> Embedder:
+        """The model at `path` with an embedding context of `n_batch` tokens (close it)."""
+        model = Model.load(path, params)
+        try:
+            return cls(model, Context(model, embedding_context(params, n_batch)))
+        except BaseException:
+            model.close()
+            raise
+
+    def close(self) -> None:
+        self._batch.close()
+        self.context.close()
+        if self.owns_model:
+            self.model.close()
+
+    def __enter__(self) -> Embedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def tokens(self, text: str, params: EmbedParams, name: str) -> list[int]:
+        """The text's tokens as the model reads it (its special tokens added: BERT's [CLS] and
+        [SEP], a decoder's BOS or EOS); cut to max_tokens with `truncate` (the closing special
+        token kept), else a UsageError naming the text (`name`)."""
+        tokens = self.model.tokenize(params.prefix + text, add_special=True, parse_special=True)
+        if not tokens:
+            raise UsageError(f"{name} is empty: it gives the model no tokens to read")
+        if len(tokens) <= self.max_tokens:
+            return tokens
+        if not params.truncate:
+            raise UsageError(f"{name} is {len(tokens):,} tokens, over the {self.max_tokens:,} one text may "
+                             "have (--truncate cuts it; a larger -b/--batch-size allows more, up to the "
+                             "model's context)")
+        closing = self._closing()
+        if closing is not None and tokens[-1] == closing:
+            return [*tokens[:self.max_tokens - 1], closing]
+        return tokens[:self.max_tokens]
+
+    def _closing(self) -> int | None:
+        """The token the tokenizer adds at a text's end (BERT's [SEP], an EOS), if it adds one."""
+        vocab = self.model.vocab
+        if C.llama_vocab_get_add_sep(vocab):
+            return int(C.llama_vocab_sep(vocab))
+        if C.llama_vocab_get_add_eos(vocab):
+            return int(C.llama_vocab_eos(vocab))
+        return None
+
+    def vectors(self, texts: Sequence[Sequence[int]], params: EmbedParams) -> Iterator[np.ndarray]:
+        """Each text's vector (its tokens' vectors, a matrix, where the pooling is "none"), in
+        order: whole texts batched together, up to the batch's tokens and MAX_SEQUENCES."""
+        if params.dimensions is not None and params.dimensions > self.n_out:
+            raise UsageError(f"dimensions {params.dimensions} is more than the model's {self.n_out}")
+        group: list[Sequence[int]] = []
+        size = 0
+        for tokens in texts:
+            if group and (size + len(tokens) > self.context.n_batch or len(group) == MAX_SEQUENCES):
+                yield from self._decode(group, params)
+                group, size = [], 0
+            group.append(tokens)
+            size += len(tokens)
+        if group:
+            yield from self._decode(group, params)
+
+    def _decode(self, group: list[Sequence[int]], params: EmbedParams) -> Iterator[np.ndarray]:
+        self.context.memory_clear()
+        batch = self._batch
+        batch.clear()
+        for seq, tokens in enumerate(group):
+            for pos, token in enumerate(tokens):
+                batch.add(token, pos, seq, True)
+        self.context.decode(batch)
+        ctx = self.context.ptr
+        if self.pooling != "none":
+            for seq in range(len(group)):
+                yield shaped(_floats(C.llama_get_embeddings_seq(ctx, seq), self.n_out), params)
+            return
+        index = 0
+        for tokens in group:
+            rows = [shaped(_floats(C.llama_get_embeddings_ith(ctx, index + i), self.n_out), params)
+                    for i in range(len(tokens))]
+            index += len(tokens)
+            yield np.stack(rows)
+
+
+def _floats(ptr: ctypes.Array | None, n: int) -> np.ndarray:
+    if not ptr:
+        raise UsageError("llama.cpp gave no embedding for this model (is it an embedding model?)")
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), (n,)).copy()
+
+
+def shaped(vector: np.ndarray, params: EmbedParams) -> np.ndarray:
+    """`vector` cut to params.dimensions, then L2-normalized if params.normalize (float32)."""
+    if params.dimensions is not None:
+        vector = vector[:params.dimensions]
+    if params.normalize:
+        norm = float(np.sqrt(np.sum(vector.astype(np.float64) ** 2)))
+        vector = vector * np.float32(1.0 / norm) if norm > 0 else vector
+    return vector.astype(np.float32, copy=False)
