@@ -23,6 +23,7 @@ from infer.cli.flags import (
     spec_params,
     thinking_request,
 )
+from infer.cli.stdin import combine_prompt
 from infer.runtime.errors import UsageError
 
 TYPE_CHECKING = False  # (typing and collections.abc cost the start-up of every call: cli/main.py)
@@ -213,11 +214,14 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
                     record: Any, overrides: Mapping[str, Any], tools: Any) -> None:
     """`infer run` through the server at `where`: the same prompt, output and exit codes."""
     from infer.cli import remote
-    from infer.cli.media import media_and_prompt
-    from infer.runtime.media import openai_message
-
     fields = remote.request_fields(overrides)
-    marked, text, media = media_and_prompt(flags, prompt_arg)  # (sent as data: URLs: the server reads them)
+    media: list[Any] = []
+    if flags.get("image") or flags.get("audio"):  # (sent as data: URLs: the server's projector reads them)
+        from infer.cli.media import media_and_prompt
+
+        marked, text, media = media_and_prompt(flags, prompt_arg)
+    else:  # (nothing more imported on this path than it needs: tests/test_cli_app.py)
+        marked = text = combine_prompt(prompt_arg, sys.stdin.buffer, sys.stdin.isatty())
     if flags["raw"]:
         if media:
             raise UsageError("--image and --audio go in a chat message: not with --raw")
@@ -229,8 +233,12 @@ def _execute_remote(flags: Mapping[str, Any], where: remote.Address, model: str,
         if system is None and record is None:
             system = remote.alias_system(model)
         record = _ask(record, model, system, text)  # (the saved conversation keeps the text as typed)
-        asked = openai_message({"role": "user", "content": marked, "media": media}) if media else None
-        messages = [*record.messages[:-1], asked or record.messages[-1]]
+        asked = record.messages[-1]
+        if media:
+            from infer.runtime.media import openai_message
+
+            asked = openai_message({"role": "user", "content": marked, "media": media})
+        messages = [*record.messages[:-1], asked]
         path, body = "/v1/chat/completions", {"messages": messages}
         fields.update(remote.thinking_fields(*prompt_settings(flags), reasoning_budget(flags)))
         if tools is not None:

@@ -2,7 +2,7 @@
 tiny LLaVA-style projector (tests/tiny_vision.py), against llama.cpp's own llama-mtmd-cli on the
 same files, image and settings (greedy, flash attention off on both sides). llama-mtmd-cli is
 built from the installed llama-cpp-python's source distribution by
-`benchmarks/build_llama_tools.sh llama-server llama-mtmd-cli llama-embedding`, which the README's test command
+`benchmarks/build_llama_tools.sh llama-server llama-mtmd-cli`, which the README's test command
 runs first. And every bad input: one line, exit 2, nothing else.
 """
 

@@ -66,16 +66,25 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
     arch = check_architecture(read_config(folder), str(folder))
     ckpt = open_checkpoint(folder)
     family = families.FAMILIES[arch]
+    from infer.quant.convert import bert
     from infer.quant.convert.tokenizer import add_vocab, load_vocab
 
-    vocab = load_vocab(folder)
+    vocab, wordpiece = bert.load_wordpiece(folder) if not family.decoder else (load_vocab(folder), None)
+    pooling = bert.pooling_type(folder)
     plan, extra = _plan(ckpt, family, out_type)
     tmp = out.with_name(f".{out.name}.partial")
     writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[family.arch])
     try:
         _add_general(writer, ckpt, plan, out_type, source_repo)
-        families.add_hparams(writer, ckpt.config, family)
+        if family.decoder:
+            families.add_hparams(writer, ckpt.config, family)
+        else:
+            bert.add_bert_hparams(writer, ckpt.config)
+        if pooling is not None:  # an embedding model (sentence-transformers' pooling)
+            writer.add_pooling_type(pooling)
         add_vocab(writer, vocab, n_vocab=int(ckpt.config["vocab_size"]))
+        if wordpiece is not None:
+            bert.add_wordpiece_flags(writer, wordpiece)
         for t in plan:
             writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32 if t.out_type == "F32" else
                                                              np.float16 if t.out_type == "F16" else
@@ -114,7 +123,7 @@ def _plan(ckpt: Checkpoint, family: families.Family,
     for source, tensor in ckpt.tensors.items():
         if families.ignored(source, ckpt.config):
             continue
-        name = names.get_name(source, try_suffixes=(".weight", ".bias"))
+        name = names.get_name(source.removeprefix("bert."), try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ModelError(f"{ckpt.folder}: unexpected tensor {source} for {ckpt.architecture}")
         plan.append(PlannedTensor(name, source, tuple(tensor.shape),
@@ -126,13 +135,15 @@ def _plan(ckpt: Checkpoint, family: families.Family,
 
 
 def _check_complete(ckpt: Checkpoint, family: families.Family, have: set[str], n_layer: int) -> None:
-    required = ["token_embd.weight", "output_norm.weight"]
+    required = [f"{t}.weight" for t in family.top]
     required += [f"blk.{b}.{t}.weight" for b in range(n_layer) for t in family.block]
     missing = [n for n in required if n not in have]
     if missing:
         raise ModelError(f"{ckpt.folder}: the checkpoint lacks {missing[0]}"
                          + (f" and {len(missing) - 1} more tensors" if len(missing) > 1 else ""))
-    if "output.weight" not in have and not ckpt.config.get("tie_word_embeddings", False):
+    embedding = ckpt.architecture == "Qwen3Model"  # (an embedding model: no output layer to read)
+    if (family.decoder and not embedding and "output.weight" not in have
+            and not ckpt.config.get("tie_word_embeddings", False)):
         raise ModelError(f"{ckpt.folder}: the checkpoint lacks lm_head.weight")
 
 

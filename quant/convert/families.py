@@ -30,12 +30,18 @@ _BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", 
 _GEMMA2_BLOCK = (*_BLOCK, "post_attention_norm", "post_ffw_norm")
 
 
+_BERT_BLOCK = ("attn_q", "attn_k", "attn_v", "attn_output", "attn_output_norm", "ffn_up", "ffn_down",
+               "layer_output_norm")
+
+
 @dataclass(frozen=True)
 class Family:
     arch: gguf.MODEL_ARCH
     permute_qk: bool = False  # llama.cpp rotates adjacent pairs: reorder Hugging Face's halves
     norm_offset: float = 0.0  # Gemma's norms scale by (1 + weight)
     block: tuple[str, ...] = _BLOCK  # the tensors every block must have
+    top: tuple[str, ...] = ("token_embd", "output_norm")  # the tensors outside the blocks it must have
+    decoder: bool = True  # False: an encoder (BERT: quant/convert/bert.py), no output layer
 
 
 FAMILIES = {
@@ -43,11 +49,17 @@ FAMILIES = {
     "MistralForCausalLM": Family(gguf.MODEL_ARCH.LLAMA, permute_qk=True),
     "Qwen2ForCausalLM": Family(gguf.MODEL_ARCH.QWEN2),
     "Qwen3ForCausalLM": Family(gguf.MODEL_ARCH.QWEN3, block=(*_BLOCK, "attn_q_norm", "attn_k_norm")),
+    # (Qwen3-Embedding's sentence-transformers checkpoint: the decoder without its output layer)
+    "Qwen3Model": Family(gguf.MODEL_ARCH.QWEN3, block=(*_BLOCK, "attn_q_norm", "attn_k_norm")),
     "Gemma2ForCausalLM": Family(gguf.MODEL_ARCH.GEMMA2, norm_offset=1.0, block=_GEMMA2_BLOCK),
     "Gemma3ForCausalLM": Family(gguf.MODEL_ARCH.GEMMA3, norm_offset=1.0,
                                 block=(*_GEMMA2_BLOCK, "attn_q_norm", "attn_k_norm")),
     "Phi3ForCausalLM": Family(gguf.MODEL_ARCH.PHI3, block=("attn_norm", "attn_qkv", "attn_output",
                                                            "ffn_norm", "ffn_up", "ffn_down")),
+    "BertModel": Family(gguf.MODEL_ARCH.BERT, block=_BERT_BLOCK, decoder=False,
+                        top=("token_embd", "position_embd", "token_embd_norm")),
+    "BertForMaskedLM": Family(gguf.MODEL_ARCH.BERT, block=_BERT_BLOCK, decoder=False,
+                              top=("token_embd", "position_embd", "token_embd_norm")),
 }
 
 
@@ -181,7 +193,11 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def ignored(hf_name: str, config: dict[str, Any]) -> bool:
-    """Checkpoint entries that are not weights llama.cpp uses."""
+    """Checkpoint entries that are not weights llama.cpp uses (a BERT's pooler and masked-LM
+    heads: an embedding model pools its own way)."""
     if hf_name == "lm_head.weight" and config.get("tie_word_embeddings"):
         return True  # a copy of the embeddings that some checkpoints store anyway
+    if hf_name.removeprefix("bert.").startswith(("pooler.", "cls.predictions.", "cls.seq_relationship.",
+                                                 "embeddings.position_ids")):
+        return True
     return hf_name.endswith(("rotary_emb.inv_freq", ".masked_bias", ".attn.bias"))

@@ -94,8 +94,8 @@ class VocabInfo:
 def load_vocab(folder: Path) -> Vocab:
     """Read and check `folder`'s tokenizer.json, tokenizer_config.json and chat template."""
     path = folder / "tokenizer.json"
-    data = _read_json(path, required=True)
-    config = _read_json(folder / "tokenizer_config.json", required=False)
+    data = read_json(path, required=True)
+    config = read_json(folder / "tokenizer_config.json", required=False)
     template = _chat_template(folder, config)
     try:
         model = data["model"]
@@ -150,7 +150,7 @@ def add_vocab(writer: gguf.GGUFWriter, vocab: Vocab, *, n_vocab: int | None = No
 # -- reading ---------------------------------------------------------------------------
 
 
-def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
+def read_json(path: Path, *, required: bool) -> dict[str, Any]:
     if not path.is_file():
         if required:
             raise ModelError(f"{path}: missing (a Hugging Face tokenizer.json is required)")
@@ -260,7 +260,7 @@ def _token_text(value: Any) -> str | None:
 def _special_ids(config: dict[str, Any], model: dict[str, Any], folder: Path, tokens: list[str],
                  types: list[int], index: dict[str, int]) -> dict[str, int]:
     """BOS/EOS/UNK/PAD from tokenizer_config.json (else config.json's ids), EOT and FIM by text."""
-    fallback = _read_json(folder / "config.json", required=False)
+    fallback = read_json(folder / "config.json", required=False)
     ids: dict[str, int] = {}
     for role, key in _ROLE_KEYS.items():
         text = _token_text(config.get(f"{role}_token"))
