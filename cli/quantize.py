@@ -62,7 +62,8 @@ def _quantize(flags: Mapping[str, Any]) -> None:
         quality = None if report is None else {
             "size_bytes": report.size_bytes, "bits_per_weight": report.bits_per_weight,
             "mean_kl_divergence": report.mean_kl, "top1_agreement": report.top1_agreement,
-            "tokens": report.tokens}
+            "tokens": report.tokens, **({"embedding_cosine_mean": report.cosine[0],
+                                         "embedding_cosine_min": report.cosine[1]} if report.cosine else {})}
         sys.stdout.write(json.dumps({"path": str(out), "type": quant, "quality": quality}) + "\n")
         return
     sys.stderr.write(f"infer: wrote {out.name} ({out.stat().st_size / 1e6:,.1f} MB); run it with "
@@ -77,10 +78,13 @@ def _print_quality(quant: str, report: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"{quant} against the full-precision source ({report.tokens} tokens)")
-    for column in ("size", "bits/weight", "mean KL divergence", "top-1 agreement"):
+    measures = (("mean KL divergence", "top-1 agreement") if report.cosine is None
+                else ("embedding cosine, mean", "least"))
+    for column in ("size", "bits/weight", *measures):
         table.add_column(column, justify="right")
-    table.add_row(f"{report.size_bytes / 1e6:,.1f} MB", f"{report.bits_per_weight:.2f}",
-                  f"{report.mean_kl:.5f}", f"{report.top1_agreement:.1%}")
+    figures = ((f"{report.mean_kl:.5f}", f"{report.top1_agreement:.1%}") if report.cosine is None
+               else (f"{report.cosine[0]:.5f}", f"{report.cosine[1]:.5f}"))
+    table.add_row(f"{report.size_bytes / 1e6:,.1f} MB", f"{report.bits_per_weight:.2f}", *figures)
     Console(stderr=True).print(table)
 
 

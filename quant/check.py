@@ -2,7 +2,8 @@
 
 The figures are the ones llama.cpp's perplexity tool reports for a quant, on a
 short built-in text: mean KL divergence from the source's distributions, and how
-often both pick the same most likely token.
+often both pick the same most likely token. An embedding model (its GGUF records a pooling)
+predicts no tokens: its sentences' vectors are compared instead (mean and least cosine).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ CHECK_TEXT = (
 class QualityReport:
     size_bytes: int
     bits_per_weight: float
-    mean_kl: float  # mean KL divergence of next-token distributions from the source's
-    top1_agreement: float  # share of positions where both pick the same most likely token
+    mean_kl: float | None  # mean KL divergence of next-token distributions from the source's
+    top1_agreement: float | None  # share of positions where both pick the same most likely token
     tokens: int
+    cosine: tuple[float, float] | None = None  # an embedding model's: (mean, least) over sentences
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -61,6 +63,14 @@ def quality(source: Path, quantized: Path, *, threads: int | None = None,
 
     params = ContextParams(n_ctx=512, n_threads=threads, cache_type_k="f32", cache_type_v="f32",
                            flash_attn="off", repack=repack)
+    info = check_gguf(quantized)
+    n_params = sum(int(np.prod(t.shape)) for t in info.tensors)
+    size = quantized.stat().st_size
+    arch = info.metadata.get("general.architecture")
+    if info.metadata.get(f"{arch}.pooling_type") not in (None, 0):
+        cosines, count = _embedding_cosines(source, quantized, params)
+        return QualityReport(size, size * 8 / max(n_params, 1), None, None, count,
+                             (float(cosines.mean()), float(cosines.min())))
     logits = []
     tokens: list[int] = []
     for path in (source, quantized):
@@ -69,7 +79,20 @@ def quality(source: Path, quantized: Path, *, threads: int | None = None,
                 tokens = session.model.tokenize(CHECK_TEXT, add_special=True, parse_special=False)[:500]
             logits.append(all_logits(session, tokens))
     mean_kl, agreement = compare(logits[0], logits[1])
-    info = check_gguf(quantized)
-    n_params = sum(int(np.prod(t.shape)) for t in info.tensors)
-    size = quantized.stat().st_size
     return QualityReport(size, size * 8 / max(n_params, 1), mean_kl, agreement, len(tokens))
+
+
+def _embedding_cosines(source: Path, quantized: Path, params: object) -> tuple[np.ndarray, int]:
+    """Each sentence of the built-in text embedded by both models: their vectors' cosines, and
+    the tokens read."""
+    from infer.runtime.embedding import Embedder, EmbedParams
+
+    sentences = [s.strip() for s in CHECK_TEXT.replace("\n", " ").split(". ") if s.strip()]
+    vectors, count = [], 0
+    embed = EmbedParams(truncate=True)
+    for path in (source, quantized):
+        with Embedder.open(str(path), params, n_batch=512) as embedder:  # type: ignore[arg-type]
+            tokens = [embedder.tokens(s, embed, "sentence") for s in sentences]
+            count = sum(len(t) for t in tokens)
+            vectors.append(np.stack(list(embedder.vectors(tokens, embed))))
+    return (vectors[0] * vectors[1]).sum(axis=1), count

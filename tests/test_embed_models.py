@@ -72,3 +72,18 @@ def test_a_converted_bert_embeds_as_llama_cpp_does(bert: tuple[Path, Path], tmp_
     ours = _ours(gguf, texts)
     for i, text in enumerate(texts):
         assert float(ours[i] @ theirs[i]) > 0.9999, text
+
+
+def test_a_quantized_embedding_model_is_checked_by_its_vectors(bert: tuple[Path, Path],
+                                                               tmp_path: Path) -> None:
+    """`infer quantize` to Q8_0 checks an embedding model by its sentences' vectors against the
+    source's (it predicts no next tokens to compare), and the quant embeds."""
+    folder, _ = bert
+    out = tmp_path / "tiny-bert-Q8_0.gguf"
+    done = run_cli("quantize", folder, "--type", "Q8_0", "-o", out, "--json")
+    assert done.returncode == 0, done.stderr
+    quality = json.loads(done.stdout)["quality"]
+    assert quality["mean_kl_divergence"] is None and 0.99 < quality["embedding_cosine_min"] <= 1.0001, quality
+    assert quality["embedding_cosine_mean"] >= quality["embedding_cosine_min"]
+    vector = _ours(out, ["hello world"])[0]
+    assert abs(float(np.linalg.norm(vector)) - 1) < 1e-5
