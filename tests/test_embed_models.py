@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 from test_embed import TEXTS, llama_servers
-from tiny_bert import build_bert
+from tiny_embedders import build_bert, build_qwen3_embedding
 
 
 def _ours(gguf: Path, texts: list[str], *args: str) -> np.ndarray:
@@ -87,3 +87,21 @@ def test_a_quantized_embedding_model_is_checked_by_its_vectors(bert: tuple[Path,
     assert quality["embedding_cosine_mean"] >= quality["embedding_cosine_min"]
     vector = _ours(out, ["hello world"])[0]
     assert abs(float(np.linalg.norm(vector)) - 1) < 1e-5
+
+
+def test_a_converted_qwen3_embedding_embeds_as_sentence_transformers_does(tmp_path: Path) -> None:
+    """A tiny Qwen3-Embedding (a Qwen 3 decoder, last-token pooling, <|endoftext|> closing each text)
+    converted to F32: cosine 0.9999 or closer to sentence-transformers' vectors."""
+    from sentence_transformers import SentenceTransformer
+    from tiny_model import tokenizer_dir
+
+    folder = build_qwen3_embedding(tmp_path / "tiny-qwen3-embedding", tokenizer_dir("qwen3"))
+    gguf = tmp_path / "tiny-qwen3-embedding-F32.gguf"
+    done = run_cli("quantize", folder, "--type", "F32", "-o", gguf)
+    assert done.returncode == 0, done.stderr
+    texts = [t for t in TEXTS if t != LONG_WORD]
+    ours = _ours(gguf, texts)
+    theirs = SentenceTransformer(str(folder), device="cpu").encode(texts, normalize_embeddings=True)
+    for i, text in enumerate(texts):
+        assert float(ours[i] @ theirs[i]) > 0.9999, (i, text, float(ours[i] @ theirs[i]))
+    assert float(ours[0] @ ours[2]) < 0.99

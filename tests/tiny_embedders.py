@@ -1,7 +1,9 @@
-"""A tiny random-weight sentence-transformers BERT (issue 37): a WordPiece tokenizer trained here
-with the `tokenizers` library (lowercasing BertNormalizer, [CLS] text [SEP]), a transformers
-BertModel of random weights, and the sentence-transformers modules that pool its tokens (mean,
-cls or last) and normalize. Saved as safetensors, as the Hub has them."""
+"""Tiny random-weight sentence-transformers models (issue 37), saved as safetensors as the Hub
+has them, each with the modules that pool its tokens (mean, cls or last) and normalize:
+
+- a BERT with a WordPiece tokenizer trained here with the `tokenizers` library (lowercasing
+  BertNormalizer, [CLS] text [SEP]);
+- a Qwen3-Embedding: the Qwen 3 decoder on the qwen3 fixture tokenizer, last-token pooling."""
 
 from __future__ import annotations
 
@@ -48,6 +50,51 @@ def build_bert(folder: Path, *, pooling: str = "mean", n_embd: int = 64, seed: i
                         initializer_range=0.2)
     torch.manual_seed(seed)
     BertModel(config, add_pooling_layer=False).save_pretrained(folder, safe_serialization=True)
+    _sentence_transformers(folder, pooling, n_embd)
+    return folder
+
+
+def build_qwen3_embedding(folder: Path, tokenizer_dir: Path, *, seed: int = 0) -> Path:
+    """A tiny random Qwen3-Embedding: the Qwen 3 decoder without its output layer (Qwen3Model), the
+    qwen3 fixture tokenizer closing each text with <|endoftext|> (its EOS), last-token pooling."""
+    import shutil
+
+    import torch
+    from transformers import Qwen3Config, Qwen3Model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, folder / f.name)
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    eot = next(t for t in tok["added_tokens"] if t["content"] == "<|endoftext|>")
+    tok["post_processor"] = {"type": "Sequence", "processors": [tok["post_processor"], {
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                 {"SpecialToken": {"id": "<|endoftext|>", "type_id": 1}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [eot["id"]],
+                                              "tokens": ["<|endoftext|>"]}}}]}
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|endoftext|>"}))
+    hf = Qwen3Config(vocab_size=len(tok["model"]["vocab"]) + len(tok["added_tokens"]), hidden_size=64,
+                     intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=True)
+    hf.architectures = ["Qwen3Model"]
+    torch.manual_seed(seed)
+    model = Qwen3Model(hf)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.normal_(1.0, 0.2)
+    model.save_pretrained(folder, safe_serialization=True)
+    _sentence_transformers(folder, "lasttoken", 64)
+    return folder
+
+
+def _sentence_transformers(folder: Path, pooling: str, n_embd: int) -> None:
+    """modules.json and its modules: the model's tokens pooled (`pooling`), then normalized."""
     modules = [{"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
                for i, (path, kind) in enumerate((("", "Transformer"), ("1_Pooling", "Pooling"),
                                                  ("2_Normalize", "Normalize")))]
@@ -60,4 +107,3 @@ def build_bert(folder: Path, *, pooling: str = "mean", n_embd: int = 64, seed: i
     pooled = {"word_embedding_dimension": n_embd, **modes}
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooled))
     (folder / "2_Normalize").mkdir(exist_ok=True)
-    return folder
