@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("infer.cli.bench", "bench"),
     "batch": ("infer.cli.batch", "batch"),
     "embed": ("infer.cli.embed", "embed"),
+    "rerank": ("infer.cli.rerank", "rerank"),
     "serve": ("infer.cli.serve", "serve"),
     "doctor": ("infer.cli.doctor", "doctor"),
     "worker": ("infer.cli.worker", "worker"),

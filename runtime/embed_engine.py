@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -37,6 +38,17 @@ class EmbedEngine:
 
     def embed(self, texts: Sequence[Sequence[int]], params: EmbedParams) -> list[np.ndarray]:
         """The texts' vectors (tokens from `self.embedder.tokens`), in order."""
+        with self._turn():
+            return list(self.embedder.vectors(texts, params))
+
+    def scores(self, pairs: Sequence[Sequence[int]]) -> list[float]:
+        """A reranker's scores of query-document pairs (`self.embedder.pair_tokens`), in order."""
+        with self._turn():
+            return self.embedder.scores(pairs)
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """This request's turn on the context, counted as waiting, then running."""
         with self._count:
             self.waiting += 1
         with self._lock:
@@ -44,7 +56,7 @@ class EmbedEngine:
                 self.waiting -= 1
                 self.running += 1
             try:
-                return list(self.embedder.vectors(texts, params))
+                yield
             finally:
                 with self._count:
                     self.running -= 1

@@ -103,6 +103,32 @@ class Embedder:
         [SEP], a decoder's BOS or EOS); cut to max_tokens with `truncate` (the closing special
         token kept), else a UsageError naming the text (`name`)."""
         tokens = self.model.tokenize(params.prefix + text, add_special=True, parse_special=True)
+        return self._fitted(tokens, params, name)
+
+    def pair_tokens(self, query: str, document: str, params: EmbedParams, name: str) -> list[int]:
+        """A query and a document as a reranker reads them: the model's rerank template (its
+        {query} and {document} filled) where the GGUF has one, else joined as llama-server joins
+        them, [BOS] query [EOS] [SEP] document [EOS] of the tokens the tokenizer adds (an
+        XLM-RoBERTa's <s> q </s></s> d </s>); a BERT, which adds no EOS, closes the document with
+        [SEP] as Hugging Face's pair encoding does. Too long: as `tokens` says."""
+        model, vocab = self.model, self.model.vocab
+        template = C.llama_model_chat_template(model.ptr, b"rerank")
+        if template:
+            text = template.decode("utf-8").replace("{query}", query).replace("{document}", document)
+            tokens = model.tokenize(text, add_special=False, parse_special=True)
+        else:
+            eos = int(C.llama_vocab_eos(vocab))
+            sep = int(C.llama_vocab_sep(vocab))
+            add_eos, add_sep = bool(C.llama_vocab_get_add_eos(vocab)), bool(C.llama_vocab_get_add_sep(vocab))
+            eos = eos if eos >= 0 else sep
+            tokens = [model.bos] if model.add_bos else []
+            tokens += model.tokenize(query, add_special=False, parse_special=False)
+            tokens += [eos] * add_eos + [sep] * add_sep
+            tokens += model.tokenize(document, add_special=False, parse_special=False)
+            tokens += [eos] if add_eos else [sep] if add_sep else []
+        return self._fitted(tokens, params, name)
+
+    def _fitted(self, tokens: list[int], params: EmbedParams, name: str) -> list[int]:
         if not tokens:
             raise UsageError(f"{name} is empty: it gives the model no tokens to read")
         if len(tokens) <= self.max_tokens:
@@ -115,6 +141,11 @@ class Embedder:
         if closing is not None and tokens[-1] == closing:
             return [*tokens[:self.max_tokens - 1], closing]
         return tokens[:self.max_tokens]
+
+    def scores(self, pairs: Sequence[Sequence[int]]) -> list[float]:
+        """A reranker's score of each pair (`pair_tokens`): its rank head's first output, as
+        llama-server's (no sigmoid: the model's own logit)."""
+        return [float(v[0]) for v in self.vectors(pairs, EmbedParams(normalize=False))]
 
     def _closing(self) -> int | None:
         """The token the tokenizer adds at a text's end (BERT's [SEP], an EOS), if it adds one."""

@@ -25,6 +25,7 @@ from infer.server import (
     ollama,
     ollama_models,
     ollama_reply,
+    rerank,
     responses,
     responses_reply,
     schema,
@@ -121,6 +122,14 @@ class Api:
         vectors = await asyncio.to_thread(engine.embed, asked.tokens, asked.params)
         return JSONResponse(embeddings.reply(served.name, asked, vectors))
 
+    async def rerank(self, request: HttpRequest) -> Response:
+        """llama-server's, Jina's and Cohere's /v1/rerank (server/rerank.py)."""
+        body = schema.parse_body(await read_body(request))
+        served = await self.pool.get(body.get("model"))
+        asked = await asyncio.to_thread(rerank.parse, body, served)
+        scores = await asyncio.to_thread(served.engine.scores, asked.pairs)
+        return JSONResponse(rerank.reply(served.name, asked, scores))
+
     async def infill(self, request: HttpRequest) -> Response:
         """llama-server's /infill (fill in the middle; `/v1/completions` takes a `suffix` too)."""
         gen = schema.parse_infill(schema.parse_body(await read_body(request)))
@@ -174,6 +183,8 @@ def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlet
         Route("/infill", api.infill, methods=["POST"]),
         Route("/v1/embeddings", api.embeddings, methods=["POST"]),
         Route("/embeddings", api.embeddings, methods=["POST"]),
+        Route("/v1/rerank", api.rerank, methods=["POST"]),
+        Route("/rerank", api.rerank, methods=["POST"]),
         Route("/api/chat", api.ollama_chat, methods=["POST"]),
         Route("/api/generate", api.ollama_generate, methods=["POST"]),
         Route("/api/tags", api.ollama_tags, methods=["GET"]),

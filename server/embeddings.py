@@ -34,6 +34,9 @@ def engine_of(served: Served) -> Any:
         raise ApiError(400, f"{served.name} is a chat model: it gives no embeddings (serve an embedding "
                        "model, one whose GGUF records its pooling, beside it)", param="model",
                        code="model_not_supported")
+    if served.engine.embedder.pooling == "rank":
+        raise ApiError(400, f"{served.name} is a reranker: it scores query and document pairs "
+                       "(/v1/rerank), it gives no embeddings", param="model", code="model_not_supported")
     return served.engine
 
 

@@ -28,8 +28,37 @@ CORPUS = [
 def build_bert(folder: Path, *, pooling: str = "mean", n_embd: int = 64, seed: int = 0) -> Path:
     """Write the checkpoint into `folder` (created); `pooling`: "mean", "cls" or "lasttoken"."""
     import torch
+    from transformers import BertConfig, BertModel
+
+    vocab_size = _wordpiece(folder)
+    # weights larger than BERT's initial 0.02: each text's vector then differs clearly from another's
+    config = BertConfig(vocab_size=vocab_size, hidden_size=n_embd, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=2 * n_embd, max_position_embeddings=128,
+                        initializer_range=0.2)
+    torch.manual_seed(seed)
+    BertModel(config, add_pooling_layer=False).save_pretrained(folder, safe_serialization=True)
+    _sentence_transformers(folder, pooling, n_embd)
+    return folder
+
+
+def build_bert_reranker(folder: Path, *, n_embd: int = 64, seed: int = 0) -> Path:
+    """A cross-encoder: BertForSequenceClassification with one label (its score), one token
+    type (as RoBERTa's rerankers: llama.cpp gives every token type 0)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=_wordpiece(folder), hidden_size=n_embd, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=2 * n_embd, max_position_embeddings=128,
+                        initializer_range=0.2, num_labels=1, type_vocab_size=1)
+    torch.manual_seed(seed)
+    BertForSequenceClassification(config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def _wordpiece(folder: Path) -> int:
+    """A WordPiece tokenizer trained on CORPUS, saved in `folder` (created); its size."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -44,14 +73,7 @@ def build_bert(folder: Path, *, pooling: str = "mean", n_embd: int = 64, seed: i
     tok.decoder = decoders.WordPiece()
     BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
                       cls_token="[CLS]", mask_token="[MASK]").save_pretrained(folder)
-    # weights larger than BERT's initial 0.02: each text's vector then differs clearly from another's
-    config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=n_embd, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=2 * n_embd, max_position_embeddings=128,
-                        initializer_range=0.2)
-    torch.manual_seed(seed)
-    BertModel(config, add_pooling_layer=False).save_pretrained(folder, safe_serialization=True)
-    _sentence_transformers(folder, pooling, n_embd)
-    return folder
+    return tok.get_vocab_size()
 
 
 def build_qwen3_embedding(folder: Path, tokenizer_dir: Path, *, seed: int = 0) -> Path:

@@ -70,7 +70,8 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
     from infer.quant.convert.tokenizer import add_vocab, load_vocab
 
     vocab, wordpiece = bert.load_wordpiece(folder) if not family.decoder else (load_vocab(folder), None)
-    pooling = bert.pooling_type(folder)
+    pooling = (gguf.PoolingType.RANK if arch == "BertForSequenceClassification"  # (a cross-encoder)
+               else bert.pooling_type(folder))
     plan, extra = _plan(ckpt, family, out_type)
     tmp = out.with_name(f".{out.name}.partial")
     writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[family.arch])
@@ -123,7 +124,7 @@ def _plan(ckpt: Checkpoint, family: families.Family,
     for source, tensor in ckpt.tensors.items():
         if families.ignored(source, ckpt.config):
             continue
-        name = names.get_name(source.removeprefix("bert."), try_suffixes=(".weight", ".bias"))
+        name = names.get_name(_renamed(source, ckpt.architecture), try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ModelError(f"{ckpt.folder}: unexpected tensor {source} for {ckpt.architecture}")
         plan.append(PlannedTensor(name, source, tuple(tensor.shape),
@@ -132,6 +133,18 @@ def _plan(ckpt: Checkpoint, family: families.Family,
     plan += [PlannedTensor(name, None, data.shape, "F32") for name, data in extra.items()]
     _check_complete(ckpt, family, {t.name for t in plan}, n_layer)
     return plan, extra
+
+
+def _renamed(source: str, architecture: str) -> str:
+    """A checkpoint's tensor name as gguf's name map knows it: without BERT's "bert." prefix; a
+    BERT cross-encoder's pooler and classifier as llama.cpp's rank head (cls, then cls.output)."""
+    source = source.removeprefix("bert.")
+    if architecture == "BertForSequenceClassification":
+        if source.startswith("pooler.dense."):
+            return "classifier.dense." + source.removeprefix("pooler.dense.")
+        if source.startswith("classifier.") and not source.startswith("classifier.dense."):
+            return "classifier.out_proj." + source.removeprefix("classifier.")
+    return source
 
 
 def _check_complete(ckpt: Checkpoint, family: families.Family, have: set[str], n_layer: int) -> None:

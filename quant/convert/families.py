@@ -60,6 +60,10 @@ FAMILIES = {
                         top=("token_embd", "position_embd", "token_embd_norm")),
     "BertForMaskedLM": Family(gguf.MODEL_ARCH.BERT, block=_BERT_BLOCK, decoder=False,
                               top=("token_embd", "position_embd", "token_embd_norm")),
+    # a cross-encoder (reranker): the pooler and classifier score [CLS] query [SEP] document [SEP]
+    "BertForSequenceClassification": Family(gguf.MODEL_ARCH.BERT, block=_BERT_BLOCK, decoder=False,
+                                            top=("token_embd", "position_embd", "token_embd_norm", "cls",
+                                                 "cls.output")),
 }
 
 
@@ -197,6 +201,8 @@ def ignored(hf_name: str, config: dict[str, Any]) -> bool:
     heads: an embedding model pools its own way)."""
     if hf_name == "lm_head.weight" and config.get("tie_word_embeddings"):
         return True  # a copy of the embeddings that some checkpoints store anyway
+    if config.get("architectures", [None])[0] == "BertForSequenceClassification" and "pooler." in hf_name:
+        return False  # (a cross-encoder's pooler is its classifier's first layer: kept)
     if hf_name.removeprefix("bert.").startswith(("pooler.", "cls.predictions.", "cls.seq_relationship.",
                                                  "embeddings.position_ids")):
         return True
