@@ -122,6 +122,16 @@ class Api:
         vectors = await asyncio.to_thread(engine.embed, asked.tokens, asked.params)
         return JSONResponse(embeddings.reply(served.name, asked, vectors))
 
+    async def ollama_embed(self, request: HttpRequest) -> Response:
+        """Ollama's /api/embed and its older /api/embeddings (server/embeddings.py)."""
+        legacy = request.url.path == "/api/embeddings"
+        body = schema.parse_body(await read_body(request))
+        served = await self.pool.get(body.get("model"))
+        engine = embeddings.engine_of(served)
+        asked = await asyncio.to_thread(embeddings.parse_ollama, body, served, legacy=legacy)
+        vectors = await asyncio.to_thread(engine.embed, asked.tokens, asked.params)
+        return JSONResponse(embeddings.ollama_reply(served.name, asked, vectors, legacy=legacy))
+
     async def rerank(self, request: HttpRequest) -> Response:
         """llama-server's, Jina's and Cohere's /v1/rerank (server/rerank.py)."""
         body = schema.parse_body(await read_body(request))
@@ -187,6 +197,8 @@ def create_app(pool: ModelPool, config: Config, lifespan: Any = None) -> Starlet
         Route("/rerank", api.rerank, methods=["POST"]),
         Route("/api/chat", api.ollama_chat, methods=["POST"]),
         Route("/api/generate", api.ollama_generate, methods=["POST"]),
+        Route("/api/embed", api.ollama_embed, methods=["POST"]),
+        Route("/api/embeddings", api.ollama_embed, methods=["POST"]),
         Route("/api/tags", api.ollama_tags, methods=["GET"]),
         Route("/api/ps", api.ollama_ps, methods=["GET"]),
         Route("/api/show", api.ollama_show, methods=["POST"]),

@@ -1,10 +1,14 @@
-"""OpenAI's embeddings API (`/v1/embeddings`, and llama-server's `/embeddings`), issue 37.
+"""OpenAI's embeddings API (`/v1/embeddings`, and llama-server's `/embeddings`), and Ollama's
+(`/api/embed`, and its older `/api/embeddings`), issue 37.
 
 `input` is a string, a list of strings, a list of token ids or a list of such lists;
 `encoding_format` "float" (the default) or "base64" (little-endian float32, as OpenAI's client
 asks for and decodes); `dimensions` keeps the first N and normalizes again. Vectors are
 normalized (L2), as OpenAI's are. Every input is tokenized and checked before the model reads
-any: a bad one is a 400 naming it (`input[3]`).
+any: a bad one is a 400 naming it (`input[3]`). Ollama's `/api/embed` takes `input` (a string
+or strings), `truncate` (on unless false: a text longer than the model reads is cut) and
+`dimensions`, and answers `embeddings`, normalized; `/api/embeddings` takes one `prompt` and
+answers its `embedding`, not normalized, as Ollama's does.
 """
 
 from __future__ import annotations
@@ -40,7 +44,31 @@ def engine_of(served: Served) -> Any:
     return served.engine
 
 
-def parse(body: dict[str, Any], served: Served) -> Asked:
+def parse_ollama(body: dict[str, Any], served: Served, *, legacy: bool = False) -> Asked:
+    """Ollama's /api/embed (or, `legacy`, /api/embeddings) request as an OpenAI one."""
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise invalid("truncate", "truncate must be a boolean")
+    if legacy:
+        if not isinstance(body.get("prompt"), str):
+            raise invalid("prompt", "prompt must be a string")
+        asked = parse({"input": [body["prompt"]]}, served, truncate=True)
+        return Asked(asked.tokens, EmbedParams(normalize=False), False)
+    value = body.get("input")
+    if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+        raise invalid("input", "input must be a string or an array of strings")
+    return parse({"input": value, "dimensions": body.get("dimensions")}, served, truncate=truncate)
+
+
+def ollama_reply(name: str, asked: Asked, vectors: list[np.ndarray], *,
+                 legacy: bool = False) -> dict[str, Any]:
+    if legacy:
+        return {"embedding": vectors[0].tolist()}
+    return {"model": name, "embeddings": [v.tolist() for v in vectors],
+            "prompt_eval_count": sum(len(t) for t in asked.tokens)}
+
+
+def parse(body: dict[str, Any], served: Served, *, truncate: bool = False) -> Asked:
     """The request's texts as tokens and what is done to their vectors (off the event loop:
     tokenizing many texts takes time)."""
     fmt = body.get("encoding_format", "float")
@@ -53,7 +81,7 @@ def parse(body: dict[str, Any], served: Served) -> Asked:
     embedder = engine_of(served).embedder
     if dimensions is not None and dimensions > embedder.n_out:
         raise invalid("dimensions", f"dimensions {dimensions} is more than {served.name}'s {embedder.n_out}")
-    params = EmbedParams(dimensions=dimensions)
+    params = EmbedParams(dimensions=dimensions, truncate=truncate)
     tokens = []
     for i, item in enumerate(_inputs(body.get("input"))):
         where = f"input[{i}]"

@@ -184,6 +184,17 @@ def test_the_server_gives_the_same_vectors_through_openais_client(tmp_path: Path
         assert len(tokens.data) == 2 and tokens.usage.prompt_tokens == 5
         cut = client.embeddings.create(model=str(model), input="hello", dimensions=8)
         assert len(cut.data[0].embedding) == 8 and abs(np.linalg.norm(cut.data[0].embedding) - 1) < 1e-5
+        import ollama  # Ollama's /api/embed through its own client: normalized, truncated unless told
+
+        native = ollama.Client(host=s.url)
+        got = native.embed(model=str(model), input=TEXTS[:6])
+        assert all(np.allclose(np.array(v, dtype=np.float32), here[i], atol=1e-6)
+                   for i, v in enumerate(got.embeddings))
+        assert len(native.embed(model=str(model), input="x " * 3000).embeddings[0]) == len(here[0])
+        with pytest.raises(ollama.ResponseError, match="over the 2,048"):
+            native.embed(model=str(model), input="x " * 3000, truncate=False)
+        legacy = native.embeddings(model=str(model), prompt=TEXTS[0])
+        assert np.allclose(np.array(legacy.embedding) / np.linalg.norm(legacy.embedding), here[0], atol=1e-5)
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model=str(model), messages=[{"role": "user", "content": "hi"}])
         assert "is an embedding model" in caught.value.body["message"]
