@@ -6,6 +6,7 @@ bad input, are clear errors."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -49,9 +50,12 @@ def test_scores_equal_transformers_logits_and_rank_the_same(reranker: tuple[Path
     assert done.returncode == 0 and done.stderr == "", done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     theirs = _hf_scores(folder)
-    assert [r["index"] for r in lines] == list(np.argsort(-theirs))
+    # llama.cpp's CPU GELU reads an F16 table (tests/test_convert.py): ~1e-3 from transformers'
     for r in lines:
-        assert r["text"] == DOCS[r["index"]] and abs(r["score"] - float(theirs[r["index"]])) < 1e-3, r
+        assert r["text"] == DOCS[r["index"]] and abs(r["score"] - float(theirs[r["index"]])) < 5e-3, r
+    assert sorted(r["index"] for r in lines) == list(range(len(DOCS)))
+    for a, b in itertools.pairwise(lines):  # best first, as transformers' logits order them
+        assert theirs[a["index"]] >= theirs[b["index"]] - 1e-2, (a, b)
     assert len({round(r["score"], 3) for r in lines}) > 4  # (the documents do score apart)
     top = run_cli("rerank", gguf, QUERY, "--top-n", "2", "-t", "2", "-fa", "off",
                   input="\n".join(DOCS) + "\n")

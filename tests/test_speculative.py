@@ -361,7 +361,9 @@ def guessed_all_the_way(session: Session, tokens: Sequence[int], params: Samplin
 @pytest.mark.parametrize("ending", list(ENDINGS))
 def test_endings_and_constraints_hold_inside_an_accepted_run(ending, session):
     params = ENDINGS[ending]
-    prompt = PROMPTS[11] if ending != "end of generation" else PROMPTS[5]
+    # the code printed again (a long copy), or a short answer that ends on its own
+    wanted = "Print this code again" if ending != "end of generation" else "What is 2 + 2?"
+    prompt = next(p for p in PROMPTS if not isinstance(p, str) and p[-1]["content"].startswith(wanted))
     tokens = tokens_of(session, prompt)
     reference = guessed_all_the_way(session, tokens, params)
     stop = ""

