@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+INFER = str(Path(sys.executable).parent / "infer")  # (this environment's console command)
 _VOCABULARY = (
     "the of and to in is was for on that with as by at from his her an were are which this be city river "
     "museum director opened rebuilt wing free entry year capital france paris rome model vector search "
@@ -76,23 +77,23 @@ def bert_checkpoint() -> tuple[Path, Path]:
     torch.manual_seed(0)
     BertModel(config, add_pooling_layer=False).save_pretrained(folder, safe_serialization=True)
     _sentence_transformers(folder, "mean", 384)
-    subprocess.run([sys.executable, "-m", "infer.cli.main", "quantize", str(folder), "--type", "F32",
-                    "-o", str(gguf)], check=True)
+    subprocess.run([INFER, "quantize", str(folder), "--type", "F32", "-o", str(gguf)], check=True)
     return folder, gguf
 
 
 def infer_side(gguf: Path, batch: list[str], threads: int, pooling: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "infer.cli.main", "embed", str(gguf), "-t", str(threads),
-                    "-fa", "off", "-b", "8192", *pooling], input="\n".join(batch).encode(),
-                   stdout=subprocess.DEVNULL, check=True)
+    subprocess.run([INFER, "embed", str(gguf), "-t", str(threads), "-fa", "off", "-b", "8192", *pooling],
+                   input="\n".join(batch).encode(), stdout=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
 
 
 def llama_embedding_side(binary: Path, gguf: Path, batch: list[str], threads: int,
                          pooling: list[str]) -> float:
+    prompts = ROOT / ".bench" / "embed" / "prompts.txt"  # (-p with them all is over argv's limit)
+    prompts.write_text("\n".join(batch))
     t0 = time.perf_counter()
-    subprocess.run([str(binary), "-m", str(gguf), "-p", "\n".join(batch), "-t", str(threads),
+    subprocess.run([str(binary), "-m", str(gguf), "-f", str(prompts), "-t", str(threads),
                     "-fa", "off", "-c", "8192", "-b", "8192", "-ub", "8192", "--embd-normalize", "2",
                     "--embd-output-format", "array", *pooling],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)

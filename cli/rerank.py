@@ -32,7 +32,7 @@ def rerank(
     truncate: Annotated[bool, typer.Option(
         "--truncate", help="Cut a pair longer than the model reads, instead of failing.")] = False,
     batch_size: Annotated[int, typer.Option(
-        "-b", "--batch-size", help="Tokens per decode, shared by several pairs; the longest it allows.",
+        "-b", "--batch-size", help="The longest query and document pair, in tokens.",
         rich_help_panel=o.CONTEXT)] = 2048,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,

@@ -2,8 +2,8 @@
 llama_decode.
 
 Each text is one sequence of its own (its own sequence id, positions from 0); a batch is filled
-with whole texts up to its size in tokens and its number of sequences, as llama-embedding and
-llama-server fill theirs, and llama.cpp pools each sequence's outputs as the context's pooling
+with whole texts up to PACK_TOKENS tokens and MAX_SEQUENCES texts (as llama-server's slots fill
+its batches), and llama.cpp pools each sequence's outputs as the context's pooling
 says (the model's `pooling_type`, or the caller's: mean, cls, last; "none" gives each token's).
 An encoder (BERT) attends both ways, so a text must fit one micro-batch: the context's
 micro-batch is its batch. A decoder's KV cache is cleared between batches.
@@ -26,7 +26,13 @@ from infer.runtime.llama.context import Batch, Context
 from infer.runtime.llama.model import Model
 from infer.runtime.params import POOLING_TYPES, ContextParams
 
-MAX_SEQUENCES = 64  # texts in one llama_decode at most (llama.cpp allows 256 sequences)
+# Texts packed into one llama_decode: at most MAX_SEQUENCES of them and PACK_TOKENS tokens (a
+# longer text goes alone). Every token of a batch attends to the whole batch, masked to its own
+# text, and llama.cpp builds that mask on the CPU: 64 short texts (960 tokens) per decode were
+# 1.6x slower than 8 on a 12-layer BERT (2,000 texts of 15 tokens: 60 against 94 texts/s), and
+# 8,192 tokens of long texts per decode 3x slower than 512 (benchmarks/embed.py).
+MAX_SEQUENCES = 8
+PACK_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -162,9 +168,9 @@ class Embedder:
         if params.dimensions is not None and params.dimensions > self.n_out:
             raise UsageError(f"dimensions {params.dimensions} is more than the model's {self.n_out}")
         group: list[Sequence[int]] = []
-        size = 0
+        size, budget = 0, min(PACK_TOKENS, self.context.n_batch)
         for tokens in texts:
-            if group and (size + len(tokens) > self.context.n_batch or len(group) == MAX_SEQUENCES):
+            if group and (size + len(tokens) > budget or len(group) == MAX_SEQUENCES):
                 yield from self._decode(group, params)
                 group, size = [], 0
             group.append(tokens)
