@@ -131,9 +131,10 @@ def test_two_pulls_at_once_download_once(hub):
 
 
 def test_safetensors_repo_of_an_unknown_architecture(hub):
-    hub.add_repo("acme/raw", {"config.json": b'{"architectures": ["BertModel"]}',
+    hub.add_repo("acme/raw", {"config.json": b'{"architectures": ["T5ForConditionalGeneration"]}',
                               "model.safetensors": b"\0" * 2048})
-    assert_one_line_error(run_cli("pull", "acme/raw"), 3, "cannot convert architecture 'BertModel'")
+    assert_one_line_error(run_cli("pull", "acme/raw"), 3,
+                          "cannot convert architecture 'T5ForConditionalGeneration'")
     assert hub.downloads[("acme/raw", "model.safetensors")] == 0
 
 
@@ -214,10 +215,10 @@ def test_checkpoint_download_takes_only_what_conversion_needs(hub, tmp_path):
 
 
 def test_unsupported_architecture_is_refused_before_weights_download(hub):
-    hub.add_repo("acme/bert", {"config.json": b'{"architectures": ["BertModel"]}',
+    hub.add_repo("acme/bert", {"config.json": b'{"architectures": ["T5ForConditionalGeneration"]}',
                                "model.safetensors": b"\0" * 4096, "tokenizer.json": b"{}"})
     r = run_cli("quantize", "acme/bert", "--type", "Q8_0")
-    assert_one_line_error(r, 3, "BertModel", "LlamaForCausalLM")
+    assert_one_line_error(r, 3, "T5ForConditionalGeneration", "LlamaForCausalLM")
     assert hub.downloads[("acme/bert", "model.safetensors")] == 0
 
 

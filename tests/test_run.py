@@ -271,7 +271,7 @@ def test_unknown_model_reference():
 
 
 def test_hf_folder_with_an_unknown_architecture(tmp_path):
-    (tmp_path / "config.json").write_text('{"architectures": ["BertModel"]}')
+    (tmp_path / "config.json").write_text('{"architectures": ["T5ForConditionalGeneration"]}')
     assert_one_line_error(run_cli("run", tmp_path, "hi"), 3, "cannot convert architecture")
 
 
