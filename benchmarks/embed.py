@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -103,37 +102,14 @@ def llama_embedding_side(binary: Path, gguf: Path, batch: list[str], threads: in
     return time.perf_counter() - t0
 
 
-class LlamaServer:
-    def __init__(self, binary: Path, gguf: Path, threads: int, pooling: list[str]) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen([str(binary), "-m", str(gguf), "--embeddings", "-t", str(threads), "-fa",
-                                      "off", "-c", "8192", "-b", "8192", "-ub", "8192", "-np", "8",
-                                      "--port", str(self.port), *pooling],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import httpx
+def server_side(url: str, batch: list[str]) -> float:
+    """One /v1/embeddings request of all the texts to the server at `url`."""
+    import httpx
 
-        for _ in range(600):
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise SystemExit("llama-server did not start")
-
-    def side(self, batch: list[str]) -> float:
-        import httpx
-
-        t0 = time.perf_counter()
-        reply = httpx.post(f"http://127.0.0.1:{self.port}/v1/embeddings", json={"input": batch}, timeout=600)
-        reply.raise_for_status()
-        return time.perf_counter() - t0
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait()
+    t0 = time.perf_counter()
+    reply = httpx.post(f"{url}/v1/embeddings", json={"input": batch}, timeout=600)
+    reply.raise_for_status()
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -162,13 +138,18 @@ def main() -> None:
         pooling = ["--pooling", "last"]
     workloads = {f"{args.short:,} short": texts(args.short, 10, 1),
                  f"{args.long:,} long": texts(args.long, 330, 2)}
-    server = LlamaServer(binaries / "llama-server", gguf, args.threads, pooling)
+    from serve import Server  # (benchmarks/serve.py: a server on a free port, ready when /health says)
+
+    server = Server("llama-server", [str(binaries / "llama-server"), "-m", str(gguf), "--embeddings",
+                                     "-t", str(args.threads), "-fa", "off", "-c", "8192", "-b", "8192",
+                                     "-ub", "8192", "-np", "8", *pooling])
+    server.wait_ready()
     try:
         for name, batch in workloads.items():
             sides = {"infer embed": lambda b=batch: infer_side(gguf, b, args.threads, pooling),
                      "llama-embedding": lambda b=batch: llama_embedding_side(
                          binaries / "llama-embedding", gguf, b, args.threads, pooling),
-                     "llama-server": lambda b=batch: server.side(b)}
+                     "llama-server": lambda b=batch: server_side(server.url, b)}
             if st is not None:
                 sides["sentence-transformers"] = lambda b=batch: _timed(lambda: st.encode(
                     b, batch_size=32, normalize_embeddings=True))
