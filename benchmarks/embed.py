@@ -3,11 +3,13 @@
 alternated rounds, medians and ratios.
 
     python benchmarks/embed.py [--llama-bin .bench/build/bin] [--rounds 3] [-t 2] [--model bert|smollm2]
-                               [--short 2000] [--long 200]
+                               [--type F32|F16|Q8_0|Q4_0] [--short 2000] [--long 200]
 
 --model bert (the default): a random-weight BERT at bge-small's shape (384 wide, 12 layers of 12
 heads, 1536 feed-forward, a 6,000-piece WordPiece trained here, mean pooling), written as a
-sentence-transformers checkpoint under .bench/embed and converted by `infer quantize` to F32.
+sentence-transformers checkpoint under .bench/embed and converted by `infer quantize` to F32
+(or --type; sentence-transformers always reads the F32 checkpoint, and the line printed first
+gives the quantized file's least cosine against it on the short texts).
 --model smollm2: the embedded SmolLM2-135M (Q4_1) with last-token pooling; no
 sentence-transformers side (it has no checkpoint here).
 
@@ -48,12 +50,18 @@ def texts(n: int, words: int, seed: int) -> list[str]:
             for _ in range(n)]
 
 
-def bert_checkpoint() -> tuple[Path, Path]:
-    """The bge-small-shaped random BERT (folder, F32 GGUF), built once under .bench/embed."""
+def bert_checkpoint(file_type: str) -> tuple[Path, Path]:
+    """The bge-small-shaped random BERT (folder, GGUF of `file_type`), built once under .bench/embed."""
     folder = ROOT / ".bench" / "embed" / "bert-small-shape"
-    gguf = folder.parent / "bert-small-shape-F32.gguf"
-    if gguf.exists():
-        return folder, gguf
+    gguf = folder.parent / f"bert-small-shape-{file_type}.gguf"
+    if not (folder / "model.safetensors").exists():
+        _build_bert(folder)
+    if not gguf.exists():
+        subprocess.run([INFER, "quantize", str(folder), "--type", file_type, "-o", str(gguf)], check=True)
+    return folder, gguf
+
+
+def _build_bert(folder: Path) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertModel, BertTokenizerFast
@@ -79,8 +87,17 @@ def bert_checkpoint() -> tuple[Path, Path]:
     torch.manual_seed(0)
     BertModel(config, add_pooling_layer=False).save_pretrained(folder, safe_serialization=True)
     _sentence_transformers(folder, "mean", 384)
-    subprocess.run([INFER, "quantize", str(folder), "--type", "F32", "-o", str(gguf)], check=True)
-    return folder, gguf
+
+
+def least_cosine(gguf: Path, st: object, batch: list[str]) -> float:
+    """The least cosine between infer's vectors of `batch` and sentence-transformers'."""
+    import numpy as np
+
+    out = subprocess.run([INFER, "embed", str(gguf)], input="\n".join(batch).encode(), capture_output=True,
+                         check=True).stdout
+    ours = np.array([json.loads(line)["embedding"] for line in out.splitlines()])
+    theirs = st.encode(batch, normalize_embeddings=True)  # type: ignore[attr-defined]
+    return float(np.min(np.sum(ours * theirs, axis=1)))
 
 
 def infer_side(gguf: Path, batch: list[str], threads: int, pooling: list[str]) -> float:
@@ -118,12 +135,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("--model", choices=("bert", "smollm2"), default="bert")
+    parser.add_argument("--type", default="F32", help="the BERT's GGUF type (infer quantize --type)")
     parser.add_argument("--short", type=int, default=2000, help="short texts (10-20 tokens)")
     parser.add_argument("--long", type=int, default=200, help="long texts (about 400 tokens)")
     args = parser.parse_args()
     binaries = Path(args.llama_bin)
     if args.model == "bert":
-        folder, gguf = bert_checkpoint()
+        folder, gguf = bert_checkpoint(args.type.upper())
         pooling: list[str] = []
         from sentence_transformers import SentenceTransformer
 
@@ -138,6 +156,9 @@ def main() -> None:
         pooling = ["--pooling", "last"]
     workloads = {f"{args.short:,} short": texts(args.short, 10, 1),
                  f"{args.long:,} long": texts(args.long, 330, 2)}
+    if st is not None:
+        print(json.dumps({"gguf": gguf.name, "least_cosine_vs_sentence_transformers": round(
+            least_cosine(gguf, st, texts(200, 10, 1)), 6)}), flush=True)
     from serve import Server  # (benchmarks/serve.py: a server on a free port, ready when /health says)
 
     server = Server("llama-server", [str(binaries / "llama-server"), "-m", str(gguf), "--embeddings",
@@ -158,11 +179,11 @@ def main() -> None:
                 for side, run in sides.items():
                     times[side].append(run())
             medians = {k: statistics.median(v) for k, v in times.items()}
-            print(json.dumps({"model": args.model, "workload": name, "texts": len(batch),
+            print(json.dumps({"model": args.model, "gguf": gguf.name, "workload": name, "texts": len(batch),
                               "rounds": args.rounds,
                               "texts_per_s": {k: round(len(batch) / v, 1) for k, v in medians.items()},
                               "infer_vs": {k: round(v / medians["infer embed"], 2) for k, v in medians.items()
-                                           if k != "infer embed"}}))
+                                           if k != "infer embed"}}), flush=True)
     finally:
         server.stop()
 

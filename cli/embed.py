@@ -52,7 +52,7 @@ def embed(
         "--truncate", help="Cut a text longer than the model reads, instead of failing.")] = False,
     batch_size: Annotated[int, typer.Option(
         "-b", "--batch-size",
-        help="The longest text, in tokens (texts are read 8 at a time, up to 512 tokens per decode).",
+        help="The longest text, in tokens (several short texts are read per decode).",
         rich_help_panel=o.CONTEXT)] = 2048,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,

@@ -67,10 +67,19 @@ def _quantize(flags: Mapping[str, Any]) -> None:
         sys.stdout.write(json.dumps({"path": str(out), "type": quant, "quality": quality}) + "\n")
         return
     sys.stderr.write(f"infer: wrote {out.name} ({out.stat().st_size / 1e6:,.1f} MB); run it with "
-                     f"`infer run {out.stem}`\n")
+                     f"`infer {_command_for(out)} {out.stem}`\n")
     if report is not None:
         _print_quality(quant, report)
     sys.stdout.write(f"{out}\n")
+
+
+def _command_for(path: Path) -> str:
+    """The command that uses the model: run, or embed / rerank where its GGUF records a pooling."""
+    from infer.quant.gguf_check import check_gguf
+
+    info = check_gguf(path)
+    pooling = info.metadata.get(f"{info.architecture}.pooling_type")
+    return "run" if not pooling else "rerank" if pooling == 4 else "embed"
 
 
 def _print_quality(quant: str, report: Any) -> None:

@@ -2,11 +2,11 @@
 llama_decode.
 
 Each text is one sequence of its own (its own sequence id, positions from 0); a batch is filled
-with whole texts up to PACK_TOKENS tokens and MAX_SEQUENCES texts (as llama-server's slots fill
-its batches), and llama.cpp pools each sequence's outputs as the context's pooling
-says (the model's `pooling_type`, or the caller's: mean, cls, last; "none" gives each token's).
-An encoder (BERT) attends both ways, so a text must fit one micro-batch: the context's
-micro-batch is its batch. A decoder's KV cache is cleared between batches.
+with whole texts up to the pack's texts and tokens (CPU_PACK, GPU_PACK below), and llama.cpp
+pools each sequence's outputs as the context's pooling says (the model's `pooling_type`, or the
+caller's: mean, cls, last; "none" gives each token's). An encoder (BERT) attends both ways, so a
+text must fit one micro-batch: the context's micro-batch is its batch. A decoder's KV cache is
+cleared between batches.
 
 Vectors are then cut to `dimensions` (Matryoshka models) and L2-normalized, as llama.cpp's
 `--embd-normalize 2` and sentence-transformers' Normalize do.
@@ -26,13 +26,16 @@ from infer.runtime.llama.context import Batch, Context
 from infer.runtime.llama.model import Model
 from infer.runtime.params import POOLING_TYPES, ContextParams
 
-# Texts packed into one llama_decode: at most MAX_SEQUENCES of them and PACK_TOKENS tokens (a
-# longer text goes alone). Every token of a batch attends to the whole batch, masked to its own
-# text, and llama.cpp builds that mask on the CPU: 64 short texts (960 tokens) per decode were
-# 1.6x slower than 8 on a 12-layer BERT (2,000 texts of 15 tokens: 60 against 94 texts/s), and
-# 8,192 tokens of long texts per decode 3x slower than 512 (benchmarks/embed.py).
-MAX_SEQUENCES = 8
-PACK_TOKENS = 512
+# Texts packed into one llama_decode, (at most this many texts, this many tokens; a longer text
+# goes alone). Every token of a batch attends to the whole batch, masked to its own text, so a
+# larger pack costs attention over tokens that are then masked away. On the CPU, measured on a
+# 12-layer BERT of bge-small's shape (benchmarks/embed.py; texts per second, medians of 3
+# alternated rounds): 600 texts of 10-20 tokens, 4 texts and 128 tokens 117 against 8 and 512
+# 89; 100 texts of 60-90 tokens, one per decode 20 against 10 with 8 and 512; 64 texts (960
+# tokens) per decode were 1.6x slower than 8. A GPU keeps the larger pack (not measured here).
+CPU_PACK = (4, 128)
+GPU_PACK = (8, 512)
+MAX_SEQUENCES = max(CPU_PACK[0], GPU_PACK[0])  # the context's sequences
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class Embedder:
                          else C.llama_model_n_embd_out(model.ptr))
         # the tokens one text may have: a batch's, and no more positions than the model has
         self.max_tokens = min(context.n_batch, model.n_ctx_train or context.n_batch)
+        self.pack = GPU_PACK if model.local_gpu else CPU_PACK
         self._batch = Batch(context.n_batch, MAX_SEQUENCES)
 
     @classmethod
@@ -164,13 +168,13 @@ class Embedder:
 
     def vectors(self, texts: Sequence[Sequence[int]], params: EmbedParams) -> Iterator[np.ndarray]:
         """Each text's vector (its tokens' vectors, a matrix, where the pooling is "none"), in
-        order: whole texts batched together, up to the batch's tokens and MAX_SEQUENCES."""
+        order: whole texts batched together, as many as `pack` allows."""
         if params.dimensions is not None and params.dimensions > self.n_out:
             raise UsageError(f"dimensions {params.dimensions} is more than the model's {self.n_out}")
         group: list[Sequence[int]] = []
-        size, budget = 0, min(PACK_TOKENS, self.context.n_batch)
+        size, (most, budget) = 0, self.pack
         for tokens in texts:
-            if group and (size + len(tokens) > budget or len(group) == MAX_SEQUENCES):
+            if group and (size + len(tokens) > budget or len(group) == most):
                 yield from self._decode(group, params)
                 group, size = [], 0
             group.append(tokens)

@@ -54,6 +54,24 @@ def test_a_converted_bert_embeds_as_sentence_transformers_does(bert: tuple[Path,
 LONG_WORD = "x" * 300
 
 
+def test_an_f16_bert_keeps_its_added_tables_f32_and_embeds_as_f32_does(bert: tuple[Path, Path],
+                                                                       tmp_path: Path) -> None:
+    """A BERT converted to F16 keeps its token-type and position tables F32, as llama.cpp's
+    converter does: ggml adds them to F32 activations, and an F16 table aborted the process."""
+    from infer.quant.gguf_check import check_gguf
+
+    folder, f32 = bert
+    f16 = tmp_path / "tiny-bert-F16.gguf"
+    done = run_cli("quantize", folder, "--type", "F16", "-o", f16)
+    assert done.returncode == 0, done.stderr
+    assert "`infer embed tiny-bert-F16`" in done.stderr  # (not `infer run`)
+    types = {t.name: t.ggml_type for t in check_gguf(f16).tensors}
+    assert types["token_types.weight"] == types["position_embd.weight"] == 0  # F32
+    assert types["token_embd.weight"] == 1  # F16
+    texts = TEXTS[:6]
+    assert float(np.min(np.sum(_ours(f16, texts) * _ours(f32, texts), axis=1))) > 0.999
+
+
 @pytest.mark.xfail(strict=True, reason="Hugging Face's WordPiece reads a word of over 100 characters as "
                    "[UNK]; llama.cpp's (the tokenizer infer runs) cuts it into pieces")
 def test_a_word_over_100_characters_is_unknown_as_in_hugging_face(bert: tuple[Path, Path]) -> None:

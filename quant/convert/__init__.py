@@ -127,12 +127,23 @@ def _plan(ckpt: Checkpoint, family: families.Family,
         name = names.get_name(_renamed(source, ckpt.architecture), try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ModelError(f"{ckpt.folder}: unexpected tensor {source} for {ckpt.architecture}")
-        plan.append(PlannedTensor(name, source, tuple(tensor.shape),
-                                  "F32" if len(tensor.shape) == 1 else out_type))
+        shape = tuple(tensor.shape)
+        plan.append(PlannedTensor(name, source, shape, _stored_type(name, shape, out_type)))
     extra = families.extra_tensors(ckpt.config)
     plan += [PlannedTensor(name, None, data.shape, "F32") for name, data in extra.items()]
     _check_complete(ckpt, family, {t.name for t in plan}, n_layer)
     return plan, extra
+
+
+# Tables llama.cpp adds to F32 activations as they are (a BERT's token-type row, its position
+# rows): in F16, ggml's CPU add aborts the process ("binary_op: unsupported types"). llama.cpp's
+# converter keeps them F32 too.
+_KEPT_F32 = (gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.TOKEN_TYPES], gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.POS_EMBD])
+
+
+def _stored_type(name: str, shape: tuple[int, ...], out_type: str) -> str:
+    """F32 for vectors (norms, biases) and the tables above, else the file's type."""
+    return "F32" if len(shape) == 1 or name.removesuffix(".weight") in _KEPT_F32 else out_type
 
 
 def _renamed(source: str, architecture: str) -> str:
