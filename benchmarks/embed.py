@@ -162,8 +162,8 @@ def main() -> None:
     from serve import Server  # (benchmarks/serve.py: a server on a free port, ready when /health says)
 
     server = Server("llama-server", [str(binaries / "llama-server"), "-m", str(gguf), "--embeddings",
-                                     "-t", str(args.threads), "-fa", "off", "-c", "8192", "-b", "8192",
-                                     "-ub", "8192", "-np", "8", *pooling])
+                                     "-t", str(args.threads), "-fa", "off", "-c", "8192",
+                                     "-np", "8", *pooling])
     server.wait_ready()
     try:
         for name, batch in workloads.items():

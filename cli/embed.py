@@ -23,6 +23,7 @@ from infer.runtime.errors import UsageError
 OUTPUT = "Output"
 
 
+@o.with_options(o.ENCODER_OPTIONS)
 def embed(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(
@@ -46,20 +47,18 @@ def embed(
         "--dimensions", help="Keep the first N dimensions, then normalize (Matryoshka models).",
         show_default=False)] = None,
     prefix: Annotated[str | None, typer.Option(
-        "--prefix", help='Put before each text, as some models expect ("query: ", "search_document: ").',
-        show_default=False)] = None,
+        "--prefix", help='Put before each text, as some models expect ("query: ", "search_document: "; '
+        "default: the alias's document prefix, none for a file).", show_default=False)] = None,
+    query: Annotated[bool, typer.Option(
+        "--query", help="The texts are search queries: put the alias's query prefix before each "
+        '(nomic-embed-text\'s "search_query: ") instead of its document prefix.')] = False,
     truncate: Annotated[bool, typer.Option(
         "--truncate", help="Cut a text longer than the model reads, instead of failing.")] = False,
     batch_size: Annotated[int, typer.Option(
         "-b", "--batch-size",
         help="The longest text, in tokens (several short texts are read per decode).",
         rich_help_panel=o.CONTEXT)] = 2048,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = None,
-    flash_attn: o.FlashAttn = "auto",
-    no_mmap: o.NoMmap = False,
-    offline: o.Offline = False,
-    verbose: o.Verbose = False,
+    **_: Any,  # (o.ENCODER_OPTIONS)
 ) -> None:
     """Embed texts: one vector each, as JSONL or a numpy matrix."""
     shielded(execute, ctx.params)
@@ -82,26 +81,37 @@ def execute(flags: Mapping[str, Any]) -> None:
         raise UsageError("--pooling rank scores pairs: use infer rerank")
     if fmt == "npy" and flags["pooling"] == "none":
         raise UsageError("--format npy holds one vector per text: not with --pooling none")
-    params = EmbedParams(prefix=flags["prefix"] or "", truncate=flags["truncate"],
-                         dimensions=flags["dimensions"], normalize=flags["normalize"])
+    if flags["query"] and flags["prefix"] is not None:
+        raise UsageError("--prefix gives the prefix itself: not with --query")
     items = read_items(flags["texts"] or [], jsonl=flags["jsonl"])
     resolved = resolve(flags)
+    params = EmbedParams(prefix=_prefix(flags, resolved.entry), truncate=flags["truncate"],
+                         dimensions=flags["dimensions"], normalize=flags["normalize"])
     cparams = replace(context_params(flags), pooling=flags["pooling"])
-    with _open(str(resolved.path), cparams, flags) as embedder:
+    with _open(str(resolved.path), cparams, flags, resolved.pooling) as embedder:
         tokens = [embedder.tokens(text, params, name) for _, text, name in items]
         vectors = _counted(embedder.vectors(tokens, params), len(items))
         write(vectors, [key for key, _, _ in items], flags["output"], fmt)
 
 
-def _open(path: str, cparams: Any, flags: Mapping[str, Any]) -> Any:
-    """The embedder, refusing a model that records no pooling (a chat model) unless --pooling
-    says how to pool."""
+def _prefix(flags: Mapping[str, Any], entry: Any) -> str:
+    """--prefix, else the alias's query prefix (--query) or document prefix, else none."""
+    if flags["prefix"] is not None:
+        return str(flags["prefix"])
+    if entry is None:
+        return ""
+    return (entry.query_prefix or "") if flags["query"] else entry.prefix
+
+
+def _open(path: str, cparams: Any, flags: Mapping[str, Any], alias_pooling: str | None) -> Any:
+    """The embedder (pooling as the GGUF records, else as the alias says), refusing a model that
+    records no pooling (a chat model) unless --pooling says how to pool."""
     from infer.runtime.embedding import Embedder
 
-    embedder = Embedder.open(path, cparams, n_batch=flags["batch_size"])
-    if flags["pooling"] is None and embedder.model_pooling in (None, "rank"):
+    embedder = Embedder.open(path, cparams, n_batch=flags["batch_size"], default_pooling=alias_pooling)
+    if flags["pooling"] is None and embedder.pooling in ("none", "rank"):
         embedder.close()
-        if embedder.model_pooling == "rank":
+        if embedder.pooling == "rank":
             raise UsageError(f"{flags['model']} is a reranker: it scores query and document pairs (infer "
                              "rerank), it gives no embeddings")
         raise UsageError(f"{flags['model']} is not an embedding model (its GGUF records no pooling): give "

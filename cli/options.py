@@ -145,6 +145,29 @@ _MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
 )
 
 
+# (name, declaration, default) of the options of a command that loads a model to read texts, not
+# to generate (infer embed, infer rerank): no sampling, and no context beyond its batch.
+ENCODER_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("threads", Threads, None), ("gpu_layers", GpuLayers, None), ("flash_attn", FlashAttn, "auto"),
+    ("no_mmap", NoMmap, False), ("no_repack", NoRepack, False), ("offline", Offline, False),
+    ("verbose", Verbose, False),
+)
+
+
+def with_options(shared: tuple[tuple[str, Any, Any], ...]) -> Callable[[Callable[..., Any]],
+                                                                      Callable[..., Any]]:
+    """Give a command `fn(ctx, <its own parameters>, **flags)` the `shared` options after its own
+    (Typer reads a command's parameters from its signature)."""
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values()  # (its annotations read)
+               if p.kind is not p.VAR_KEYWORD]
+        fn.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+            *own, *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=decl, default=default)
+                    for name, decl, default in shared)])
+        return fn
+    return decorate
+
+
 def defaults(command: Callable[..., Any]) -> dict[str, Any]:
     """Each flag of a `model_command` and its default value."""
     return {name: p.default for name, p in inspect.signature(command).parameters.items() if name != "ctx"}

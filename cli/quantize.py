@@ -77,9 +77,8 @@ def _command_for(path: Path) -> str:
     """The command that uses the model: run, or embed / rerank where its GGUF records a pooling."""
     from infer.quant.gguf_check import check_gguf
 
-    info = check_gguf(path)
-    pooling = info.metadata.get(f"{info.architecture}.pooling_type")
-    return "run" if not pooling else "rerank" if pooling == 4 else "embed"
+    pooling = check_gguf(path).pooling
+    return "run" if pooling is None else "rerank" if pooling == "rank" else "embed"
 
 
 def _print_quality(quant: str, report: Any) -> None:

@@ -20,6 +20,7 @@ from infer.cli.errors import shielded
 from infer.runtime.errors import UsageError
 
 
+@o.with_options(o.ENCODER_OPTIONS)
 def rerank(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(
@@ -34,12 +35,7 @@ def rerank(
     batch_size: Annotated[int, typer.Option(
         "-b", "--batch-size", help="The longest query and document pair, in tokens.",
         rich_help_panel=o.CONTEXT)] = 2048,
-    threads: o.Threads = None,
-    gpu_layers: o.GpuLayers = None,
-    flash_attn: o.FlashAttn = "auto",
-    no_mmap: o.NoMmap = False,
-    offline: o.Offline = False,
-    verbose: o.Verbose = False,
+    **_: Any,  # (o.ENCODER_OPTIONS)
 ) -> None:
     """Rank documents by how well they answer a query (a reranker model)."""
     shielded(execute, ctx.params)
@@ -47,7 +43,7 @@ def rerank(
 
 def execute(flags: Mapping[str, Any]) -> None:
     from infer.cli.flags import context_params, log_to_stderr, resolve
-    from infer.runtime.embedding import Embedder, EmbedParams
+    from infer.runtime.embedding import Embedder, EmbedParams, best_first
 
     if flags["verbose"]:
         log_to_stderr()
@@ -55,18 +51,18 @@ def execute(flags: Mapping[str, Any]) -> None:
         raise UsageError(f"--top-n must be at least 1, not {flags['top_n']}")
     documents = _documents(flags["documents"] or [])
     resolved = resolve(flags)
-    with Embedder.open(str(resolved.path), context_params(flags), n_batch=flags["batch_size"]) as embedder:
+    with Embedder.open(str(resolved.path), context_params(flags), n_batch=flags["batch_size"],
+                       default_pooling=resolved.pooling) as embedder:
         if embedder.pooling != "rank":
-            kind = "an embedding model (infer embed)" if embedder.model_pooling else "a chat model"
+            kind = "an embedding model (infer embed)" if embedder.pooling != "none" else "a chat model"
             raise UsageError(f"{flags['model']} is not a reranker (its GGUF records no rank pooling): it is "
                              f"{kind}")
         params = EmbedParams(truncate=flags["truncate"], normalize=False)
         pairs = [embedder.pair_tokens(flags["query"], doc, params, f"document {i + 1}")
                  for i, doc in enumerate(documents)]
         scores = embedder.scores(pairs)
-    ranked = sorted(range(len(documents)), key=lambda i: -scores[i])[:flags["top_n"] or len(documents)]
     out = sys.stdout
-    for i in ranked:
+    for i in best_first(scores, flags["top_n"]):
         line = {"index": i, "score": scores[i], "text": documents[i]}
         out.write(json.dumps(line, ensure_ascii=False) + "\n")
     out.flush()

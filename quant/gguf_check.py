@@ -100,6 +100,16 @@ class GGUFInfo:
         arch = self.metadata.get("general.architecture")
         return arch if isinstance(arch, str) else None
 
+    @property
+    def pooling(self) -> str | None:
+        """The pooling an embedding model records (mean, cls, last; rank: a reranker's); None
+        for a model that records none (a chat model)."""
+        from infer.runtime.params import POOLING_TYPES
+
+        recorded = self.metadata.get(f"{self.architecture}.pooling_type")
+        return POOLING_TYPES[recorded] if isinstance(recorded, int) and 0 < recorded < len(POOLING_TYPES) \
+            else None
+
 
 class _Reader:
     """Bounds-checked little-endian reads over a memory-mapped file."""

@@ -55,6 +55,11 @@ class ResolvedModel:
         """The sampling its alias recommends (over the file's own recommendations)."""
         return dict(self.entry.sampling) if self.entry else {}
 
+    @property
+    def pooling(self) -> str | None:
+        """An embedding model's pooling, as its alias says (used where its GGUF records none)."""
+        return self.entry.pooling if self.entry else None
+
     def layout(self) -> Any:
         """Its layout (runtime.memory_plan.ModelLayout), from the header, remembered per file."""
         from infer.quant.layout import model_layout

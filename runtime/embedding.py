@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -56,8 +56,6 @@ class EmbedParams:
 def embedding_context(params: ContextParams, n_batch: int) -> ContextParams:
     """`params` made an embedding context's: a batch (and micro-batch, and KV cache) of
     `n_batch` tokens shared by up to MAX_SEQUENCES texts."""
-    from dataclasses import replace
-
     return replace(params, embeddings=True, n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch,
                    n_seq_max=MAX_SEQUENCES, kv_unified=True)
 
@@ -78,7 +76,6 @@ class Embedder:
         """`owns_model`: close the model with the embedder."""
         self.model, self.context, self.owns_model = model, context, owns_model
         self.pooling = POOLING_TYPES[max(0, int(C.llama_pooling_type(context.ptr)))]
-        self.model_pooling = pools(model)
         self.n_out = int(C.llama_model_n_cls_out(model.ptr) if self.pooling == "rank"
                          else C.llama_model_n_embd_out(model.ptr))
         # the tokens one text may have: a batch's, and no more positions than the model has
@@ -87,10 +84,14 @@ class Embedder:
         self._batch = Batch(context.n_batch, MAX_SEQUENCES)
 
     @classmethod
-    def open(cls, path: str, params: ContextParams, *, n_batch: int = 2048) -> Embedder:
-        """The model at `path` with an embedding context of `n_batch` tokens (close it)."""
+    def open(cls, path: str, params: ContextParams, *, n_batch: int = 2048,
+             default_pooling: str | None = None) -> Embedder:
+        """The model at `path` with an embedding context of `n_batch` tokens (close it), pooling
+        as params.pooling says, else as the GGUF records, else as `default_pooling` (an alias's)."""
         model = Model.load(path, params)
         try:
+            if params.pooling is None and pools(model) is None and default_pooling is not None:
+                params = replace(params, pooling=default_pooling)
             return cls(model, Context(model, embedding_context(params, n_batch)))
         except BaseException:
             model.close()
@@ -155,7 +156,7 @@ class Embedder:
     def scores(self, pairs: Sequence[Sequence[int]]) -> list[float]:
         """A reranker's score of each pair (`pair_tokens`): its rank head's first output, as
         llama-server's (no sigmoid: the model's own logit)."""
-        return [float(v[0]) for v in self.vectors(pairs, EmbedParams(normalize=False))]
+        return [float(v[0]) for v in self.raw_vectors(pairs)]
 
     def _closing(self) -> int | None:
         """The token the tokenizer adds at a text's end (BERT's [SEP], an EOS), if it adds one."""
@@ -168,21 +169,31 @@ class Embedder:
 
     def vectors(self, texts: Sequence[Sequence[int]], params: EmbedParams) -> Iterator[np.ndarray]:
         """Each text's vector (its tokens' vectors, a matrix, where the pooling is "none"), in
-        order: whole texts batched together, as many as `pack` allows."""
+        order, cut and normalized as `params` say."""
+        self.check(params)
+        for vector in self.raw_vectors(texts):
+            yield shaped(vector, params)
+
+    def check(self, params: EmbedParams) -> None:
+        """A UsageError if `params` asks for more dimensions than the model gives."""
         if params.dimensions is not None and params.dimensions > self.n_out:
             raise UsageError(f"dimensions {params.dimensions} is more than the model's {self.n_out}")
+
+    def raw_vectors(self, texts: Sequence[Sequence[int]]) -> Iterator[np.ndarray]:
+        """Each text's vector as llama.cpp gives it (`vectors` before `shaped`), in order: whole
+        texts batched together, as many as `pack` allows."""
         group: list[Sequence[int]] = []
         size, (most, budget) = 0, self.pack
         for tokens in texts:
             if group and (size + len(tokens) > budget or len(group) == most):
-                yield from self._decode(group, params)
+                yield from self._decode(group)
                 group, size = [], 0
             group.append(tokens)
             size += len(tokens)
         if group:
-            yield from self._decode(group, params)
+            yield from self._decode(group)
 
-    def _decode(self, group: list[Sequence[int]], params: EmbedParams) -> Iterator[np.ndarray]:
+    def _decode(self, group: list[Sequence[int]]) -> Iterator[np.ndarray]:
         self.context.memory_clear()
         batch = self._batch
         batch.clear()
@@ -193,14 +204,18 @@ class Embedder:
         ctx = self.context.ptr
         if self.pooling != "none":
             for seq in range(len(group)):
-                yield shaped(_floats(C.llama_get_embeddings_seq(ctx, seq), self.n_out), params)
+                yield _floats(C.llama_get_embeddings_seq(ctx, seq), self.n_out)
             return
         index = 0
         for tokens in group:
-            rows = [shaped(_floats(C.llama_get_embeddings_ith(ctx, index + i), self.n_out), params)
-                    for i in range(len(tokens))]
+            yield np.stack([_floats(C.llama_get_embeddings_ith(ctx, index + i), self.n_out)
+                            for i in range(len(tokens))])
             index += len(tokens)
-            yield np.stack(rows)
+
+
+def best_first(scores: Sequence[float], top_n: int | None = None) -> list[int]:
+    """The indices of `scores`, highest first (ties in their order), the first `top_n` of them."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]
 
 
 def _floats(ptr: ctypes.Array | None, n: int) -> np.ndarray:
@@ -210,7 +225,10 @@ def _floats(ptr: ctypes.Array | None, n: int) -> np.ndarray:
 
 
 def shaped(vector: np.ndarray, params: EmbedParams) -> np.ndarray:
-    """`vector` cut to params.dimensions, then L2-normalized if params.normalize (float32)."""
+    """`vector` (or each row of a matrix: "none" pooling) cut to params.dimensions, then
+    L2-normalized if params.normalize (float32)."""
+    if vector.ndim == 2:
+        return np.stack([shaped(row, params) for row in vector]) if len(vector) else vector
     if params.dimensions is not None:
         vector = vector[:params.dimensions]
     if params.normalize:

@@ -89,6 +89,7 @@ class OpenedModel:
     sampling_defaults: dict[str, Any]  # the file's recommendations, then its alias's
     placed: Placed | None = field(default=None, repr=False)
     projector_file: Path | None = None  # its multimodal projector (images, audio), if it has one
+    pooling: str | None = None  # an embedding model's pooling, by its alias, where its GGUF records none
 
 
 def plan_load(source: Any, cparams: ContextParams, *, slots: Slots | None = None,

@@ -118,7 +118,7 @@ class Api:
         body = schema.parse_body(await read_body(request))
         served = await self.pool.get(body.get("model"))
         engine = embeddings.engine_of(served)
-        asked = await asyncio.to_thread(embeddings.parse, body, served)
+        asked = await asyncio.to_thread(embeddings.parse, body, engine, served.name)
         vectors = await asyncio.to_thread(engine.embed, asked.tokens, asked.params)
         return JSONResponse(embeddings.reply(served.name, asked, vectors))
 
@@ -128,7 +128,7 @@ class Api:
         body = schema.parse_body(await read_body(request))
         served = await self.pool.get(body.get("model"))
         engine = embeddings.engine_of(served)
-        asked = await asyncio.to_thread(embeddings.parse_ollama, body, served, legacy=legacy)
+        asked = await asyncio.to_thread(embeddings.parse_ollama, body, engine, served.name, legacy=legacy)
         vectors = await asyncio.to_thread(engine.embed, asked.tokens, asked.params)
         return JSONResponse(embeddings.ollama_reply(served.name, asked, vectors, legacy=legacy))
 

@@ -44,7 +44,7 @@ def engine_of(served: Served) -> Any:
     return served.engine
 
 
-def parse_ollama(body: dict[str, Any], served: Served, *, legacy: bool = False) -> Asked:
+def parse_ollama(body: dict[str, Any], engine: Any, name: str, *, legacy: bool = False) -> Asked:
     """Ollama's /api/embed (or, `legacy`, /api/embeddings) request as an OpenAI one."""
     truncate = body.get("truncate", True)
     if not isinstance(truncate, bool):
@@ -52,12 +52,12 @@ def parse_ollama(body: dict[str, Any], served: Served, *, legacy: bool = False) 
     if legacy:
         if not isinstance(body.get("prompt"), str):
             raise invalid("prompt", "prompt must be a string")
-        asked = parse({"input": [body["prompt"]]}, served, truncate=True)
+        asked = parse({"input": [body["prompt"]]}, engine, name, truncate=True)
         return Asked(asked.tokens, EmbedParams(normalize=False), False)
     value = body.get("input")
     if isinstance(value, list) and not all(isinstance(v, str) for v in value):
         raise invalid("input", "input must be a string or an array of strings")
-    return parse({"input": value, "dimensions": body.get("dimensions")}, served, truncate=truncate)
+    return parse({"input": value, "dimensions": body.get("dimensions")}, engine, name, truncate=truncate)
 
 
 def ollama_reply(name: str, asked: Asked, vectors: list[np.ndarray], *,
@@ -68,9 +68,9 @@ def ollama_reply(name: str, asked: Asked, vectors: list[np.ndarray], *,
             "prompt_eval_count": sum(len(t) for t in asked.tokens)}
 
 
-def parse(body: dict[str, Any], served: Served, *, truncate: bool = False) -> Asked:
-    """The request's texts as tokens and what is done to their vectors (off the event loop:
-    tokenizing many texts takes time)."""
+def parse(body: dict[str, Any], engine: Any, name: str, *, truncate: bool = False) -> Asked:
+    """The request's texts as tokens for `engine` (engine_of's) of the model `name`, and what is
+    done to their vectors (off the event loop: tokenizing many texts takes time)."""
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise invalid("encoding_format", f"encoding_format must be float or base64, not {fmt!r}")
@@ -78,9 +78,9 @@ def parse(body: dict[str, Any], served: Served, *, truncate: bool = False) -> As
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
                                    or dimensions < 1):
         raise invalid("dimensions", f"dimensions must be a positive integer, not {dimensions!r}")
-    embedder = engine_of(served).embedder
+    embedder = engine.embedder
     if dimensions is not None and dimensions > embedder.n_out:
-        raise invalid("dimensions", f"dimensions {dimensions} is more than {served.name}'s {embedder.n_out}")
+        raise invalid("dimensions", f"dimensions {dimensions} is more than {name}'s {embedder.n_out}")
     params = EmbedParams(dimensions=dimensions, truncate=truncate)
     tokens = []
     for i, item in enumerate(_inputs(body.get("input"))):

@@ -37,4 +37,4 @@ def open_for_serving(name: str, cparams: ContextParams, parallel: int | None,
     reserve = projector.stat().st_size if projector is not None and projector.is_file() else 0
     opened = open_model(resolved, cparams, slots=Slots(parallel, pooled=True), reserve=reserve)
     resolved.record_use()  # (and again when it is unloaded: server/models.py)
-    return replace(opened, projector_file=projector)
+    return replace(opened, projector_file=projector, pooling=resolved.pooling)

@@ -147,14 +147,17 @@ class ModelPool:
         return served
 
     def _engine(self, opened: OpenedModel, name: str) -> Any:
-        """A chat model's engine (the continuous batch), or an embedding model's (one whose GGUF
-        records its pooling)."""
+        """A chat model's engine (the continuous batch), or an embedding model's (one whose GGUF,
+        or else its alias, records its pooling)."""
         from infer.runtime.embedding import pools
 
-        if pools(opened.model) is not None:
+        pooling = pools(opened.model) or opened.pooling
+        if pooling is not None:
+            from dataclasses import replace
+
             from infer.runtime.embed_engine import EmbedEngine
 
-            return EmbedEngine(opened.model, opened.params)
+            return EmbedEngine(opened.model, replace(opened.params, pooling=pooling))
         return Engine(opened.model, opened.params, parallel=opened.parallel, speculation=self.speculation,
                       max_waiting=self.max_waiting, prompt_cache=self.prompt_cache, cache_name=name)
 

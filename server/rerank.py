@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from infer.runtime.embedding import EmbedParams
+from infer.runtime.embedding import EmbedParams, best_first
 from infer.runtime.errors import UsageError
 from infer.server.errors import ApiError, invalid
 from infer.server.models import Served
@@ -60,7 +60,7 @@ def parse(body: dict[str, Any], served: Served) -> Asked:
 
 
 def reply(name: str, asked: Asked, scores: list[float]) -> dict[str, Any]:
-    ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[:asked.top_n]
+    ranked = best_first(scores, asked.top_n)
     results = [{"index": i, "relevance_score": scores[i],
                 **({"document": {"text": asked.documents[i]}} if asked.return_documents else {})}
                for i in ranked]

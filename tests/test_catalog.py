@@ -33,6 +33,23 @@ def test_user_file_adds_and_overrides_entries(tmp_path):
     assert catalog["qwen2.5:1.5b"].repo == "Qwen/Qwen2.5-1.5B-Instruct-GGUF"  # kept
 
 
+def test_an_entry_may_name_its_projector_pooling_and_prefixes(tmp_path):
+    """The keys models.toml's header documents: mmproj, and an embedding model's pooling (where
+    its GGUF records none), document prefix and query prefix."""
+    user = tmp_path / "models.toml"
+    user.write_text('[models."vis"]\nrepo = "me/vis-GGUF"\nquant = "Q8_0"\nsource = "me/vis"\n'
+                    'mmproj = "mmproj-vis-F16.gguf"\n'
+                    '[models."emb"]\nrepo = "me/emb-GGUF"\nquant = "Q8_0"\nsource = "me/emb"\n'
+                    'pooling = "last"\nprefix = "passage: "\nquery_prefix = "query: "\n')
+    catalog = load_catalog(user)
+    assert catalog["vis"].mmproj == "mmproj-vis-F16.gguf" and catalog["vis"].pooling is None
+    emb = catalog["emb"]
+    assert (emb.pooling, emb.prefix, emb.query_prefix) == ("last", "passage: ", "query: ")
+    shipped = load_catalog(tmp_path / "none.toml")
+    assert shipped["nomic-embed-text"].query_prefix == "search_query: "
+    assert shipped["bge-reranker-v2-m3"].pooling == "rank"
+
+
 @pytest.mark.parametrize("text, line, fragment", [
     ('[models."a:1"]\nrepo = "x/y"\nquant = "Q4_K_M"\nsource = "x/z"\n\n[models."b"]\nrepo = 3\n',
      6, "repo must be a str"),
@@ -41,6 +58,8 @@ def test_user_file_adds_and_overrides_entries(tmp_path):
     ('# comment\n[models."a"]\nrepo = "not-a-repo"\n', 2, "owner/name"),
     ('[models."a"\nrepo = "x/y"\n', 1, "invalid TOML"),
     ('\n\n[models."Bad/Alias"]\nrepo = "x/y"\n', 3, "aliases"),
+    ('[models."e"]\nrepo = "x/y"\nquant = "Q8_0"\nsource = "x/z"\npooling = "max"\n', 1,
+     "pooling must be one of mean, cls, last, rank"),
 ])
 def test_bad_user_file_names_file_and_line(tmp_path, text, line, fragment):
     user = tmp_path / "models.toml"

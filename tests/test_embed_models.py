@@ -123,3 +123,31 @@ def test_a_converted_qwen3_embedding_embeds_as_sentence_transformers_does(tmp_pa
     for i, text in enumerate(texts):
         assert float(ours[i] @ theirs[i]) > 0.9999, (i, text, float(ours[i] @ theirs[i]))
     assert float(ours[0] @ ours[2]) < 0.99
+
+
+def test_a_converted_xlm_roberta_tokenizes_and_embeds_as_hugging_face_does(tmp_path: Path) -> None:
+    """bge-m3's shape: an XLM-RoBERTa (cls pooling) with a SentencePiece Unigram tokenizer (NFKC
+    as a precompiled charsmap, <s> text </s>, its position table starting after the padding row)
+    converted to F32: on the 20 texts, llama.cpp's tokens are Hugging Face's and the vectors are
+    within cosine 0.9999 of sentence-transformers'."""
+    from sentence_transformers import SentenceTransformer
+    from tiny_embedders import build_xlm_roberta
+    from transformers import AutoTokenizer
+
+    from infer.runtime.llama import Model
+    from infer.runtime.params import ContextParams
+
+    folder = build_xlm_roberta(tmp_path / "tiny-xlm-roberta")
+    gguf = tmp_path / "tiny-xlm-roberta-F32.gguf"
+    done = run_cli("quantize", folder, "--type", "F32", "-o", gguf)
+    assert done.returncode == 0, done.stderr
+    hf = AutoTokenizer.from_pretrained(folder)
+    with Model.load(str(gguf), ContextParams(n_threads=2)) as model:
+        for text in TEXTS:
+            assert model.tokenize(text, add_special=True, parse_special=False) == hf(text).input_ids, text
+        assert model.n_ctx_train == 128  # (130 positions, less RoBERTa's 2 before the first)
+    ours = _ours(gguf, TEXTS, "--truncate")
+    theirs = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    for i, text in enumerate(TEXTS):
+        assert float(ours[i] @ theirs[i]) > 0.9999, (i, text, float(ours[i] @ theirs[i]))
+    assert float(ours[0] @ ours[2]) < 0.99

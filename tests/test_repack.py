@@ -131,8 +131,16 @@ def test_every_command_that_loads_a_model_takes_no_repack(command):
 
 
 def test_the_quality_check_of_quantize_loads_as_asked(monkeypatch, tmp_path):
-    """infer quantize's check opens both models through Session.open with these settings."""
+    """infer quantize's check opens both models through Session.open with these settings (a
+    chat model's: it reads their headers first, to tell an embedding model)."""
+    import shutil
+
+    from tiny_model import build_llama_gguf
+
     from infer.quant import check
+
+    build_llama_gguf(tmp_path / "a.gguf")
+    shutil.copy(tmp_path / "a.gguf", tmp_path / "b.gguf")
 
     seen: list[bool] = []
 

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import assert_one_line_error, run_cli
-from tiny_embedders import build_bert_reranker
+from tiny_embedders import build_bert_reranker, build_xlm_roberta
 
 QUERY = "What is the capital of France?"
 DOCS = ["The capital of France is Paris.", "A cat sat on the mat.", "Rome is the capital of Italy.",
@@ -34,18 +34,20 @@ def reranker(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def _hf_scores(folder: Path) -> np.ndarray:
     import torch
-    from transformers import AutoTokenizer, BertForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
-    model = BertForSequenceClassification.from_pretrained(folder).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     with torch.no_grad():
         batch = tok([QUERY] * len(DOCS), DOCS, padding=True, return_tensors="pt")
-        batch["token_type_ids"] = torch.zeros_like(batch["token_type_ids"])  # (one token type)
+        if "token_type_ids" in batch:
+            batch["token_type_ids"] = torch.zeros_like(batch["token_type_ids"])  # (one token type)
         return model(**batch).logits[:, 0].numpy()
 
 
-def test_scores_equal_transformers_logits_and_rank_the_same(reranker: tuple[Path, Path]) -> None:
-    folder, gguf = reranker
+def _ranked_as_transformers(folder: Path, gguf: Path) -> list[dict]:
+    """infer rerank's lines for QUERY and DOCS, each score within 5e-3 of transformers' logit
+    and in its order."""
     done = run_cli("rerank", gguf, QUERY, *DOCS, "-t", "2", "-fa", "off")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
@@ -57,9 +59,25 @@ def test_scores_equal_transformers_logits_and_rank_the_same(reranker: tuple[Path
     for a, b in itertools.pairwise(lines):  # best first, as transformers' logits order them
         assert theirs[a["index"]] >= theirs[b["index"]] - 1e-2, (a, b)
     assert len({round(r["score"], 3) for r in lines}) > 4  # (the documents do score apart)
+    return lines
+
+
+def test_scores_equal_transformers_logits_and_rank_the_same(reranker: tuple[Path, Path]) -> None:
+    folder, gguf = reranker
+    lines = _ranked_as_transformers(folder, gguf)
     top = run_cli("rerank", gguf, QUERY, "--top-n", "2", "-t", "2", "-fa", "off",
                   input="\n".join(DOCS) + "\n")
     assert [json.loads(line) for line in top.stdout.splitlines()] == lines[:2]
+
+
+def test_an_xlm_roberta_cross_encoder_scores_as_transformers_does(tmp_path: Path) -> None:
+    """bge-reranker-v2-m3's shape: an XLM-RoBERTa cross-encoder with a SentencePiece Unigram
+    tokenizer, a pair joined <s> query </s></s> document </s> as Hugging Face joins it."""
+    folder = build_xlm_roberta(tmp_path / "tiny-xlmr-reranker", pooling=None)
+    gguf = tmp_path / "tiny-xlmr-reranker-F32.gguf"
+    done = run_cli("quantize", folder, "--type", "F32", "-o", gguf)
+    assert done.returncode == 0 and "`infer rerank " in done.stderr, done.stderr
+    _ranked_as_transformers(folder, gguf)
 
 
 def test_the_server_reranks_as_the_command_does(reranker: tuple[Path, Path], tmp_path: Path) -> None:

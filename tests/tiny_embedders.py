@@ -3,7 +3,9 @@ has them, each with the modules that pool its tokens (mean, cls or last) and nor
 
 - a BERT with a WordPiece tokenizer trained here with the `tokenizers` library (lowercasing
   BertNormalizer, [CLS] text [SEP]);
-- a Qwen3-Embedding: the Qwen 3 decoder on the qwen3 fixture tokenizer, last-token pooling."""
+- a Qwen3-Embedding: the Qwen 3 decoder on the qwen3 fixture tokenizer, last-token pooling;
+- an XLM-RoBERTa (bge-m3's shape) with a SentencePiece Unigram tokenizer trained here with the
+  `sentencepiece` library (NFKC as a precompiled charsmap), as an embedder or a cross-encoder."""
 
 from __future__ import annotations
 
@@ -53,6 +55,48 @@ def build_bert_reranker(folder: Path, *, n_embd: int = 64, seed: int = 0) -> Pat
     torch.manual_seed(seed)
     BertForSequenceClassification(config).save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def build_xlm_roberta(folder: Path, *, pooling: str | None = "cls", n_embd: int = 64,
+                      seed: int = 0) -> Path:
+    """An XLM-RoBERTa with a Unigram tokenizer trained on CORPUS: an embedder pooling by
+    `pooling` (bge-m3 pools by cls), or with pooling None a cross-encoder
+    (XLMRobertaForSequenceClassification with one label, bge-reranker-v2-m3's shape)."""
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification, XLMRobertaModel
+
+    vocab_size = _unigram(folder)
+    config = XLMRobertaConfig(vocab_size=vocab_size, hidden_size=n_embd, num_hidden_layers=2,
+                              num_attention_heads=4, intermediate_size=2 * n_embd,
+                              max_position_embeddings=130, initializer_range=0.2, type_vocab_size=1,
+                              pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5,
+                              num_labels=1)
+    torch.manual_seed(seed)
+    if pooling is None:
+        XLMRobertaForSequenceClassification(config).save_pretrained(folder, safe_serialization=True)
+        return folder
+    XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(folder, safe_serialization=True)
+    _sentence_transformers(folder, pooling, n_embd)
+    return folder
+
+
+def _unigram(folder: Path) -> int:
+    """A SentencePiece Unigram model trained on CORPUS, saved in `folder` (created) as XLM-R's
+    tokenizer (fairseq's ids: <s> <pad> </s> <unk> first, <mask> last); its size."""
+    import io
+
+    import sentencepiece as spm
+    from transformers import XLMRobertaTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS), model_writer=model, vocab_size=140,
+                                   model_type="unigram", character_coverage=1.0,
+                                   normalization_rule_name="nmt_nfkc", minloglevel=2)
+    (folder / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+    tok = XLMRobertaTokenizer.from_pretrained(folder)  # (transformers' converter: tokenizer.json)
+    tok.save_pretrained(folder)
+    return len(tok)
 
 
 def _wordpiece(folder: Path) -> int:

@@ -69,8 +69,8 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
     from infer.quant.convert import bert
     from infer.quant.convert.tokenizer import add_vocab, load_vocab
 
-    vocab, wordpiece = bert.load_wordpiece(folder) if not family.decoder else (load_vocab(folder), None)
-    pooling = (gguf.PoolingType.RANK if arch == "BertForSequenceClassification"  # (a cross-encoder)
+    vocab, finish = bert.load_encoder_vocab(folder) if not family.decoder else (load_vocab(folder), None)
+    pooling = (gguf.PoolingType.RANK if arch.endswith("ForSequenceClassification")  # (a cross-encoder)
                else bert.pooling_type(folder))
     plan, extra = _plan(ckpt, family, out_type)
     tmp = out.with_name(f".{out.name}.partial")
@@ -80,12 +80,12 @@ def convert(folder: Path, out: Path, *, out_type: str = "F16", source_repo: str 
         if family.decoder:
             families.add_hparams(writer, ckpt.config, family)
         else:
-            bert.add_bert_hparams(writer, ckpt.config)
+            bert.add_bert_hparams(writer, ckpt.config, family)
         if pooling is not None:  # an embedding model (sentence-transformers' pooling)
             writer.add_pooling_type(pooling)
         add_vocab(writer, vocab, n_vocab=int(ckpt.config["vocab_size"]))
-        if wordpiece is not None:
-            bert.add_wordpiece_flags(writer, wordpiece)
+        if finish is not None:
+            finish(writer)
         for t in plan:
             writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32 if t.out_type == "F32" else
                                                              np.float16 if t.out_type == "F16" else
@@ -128,6 +128,8 @@ def _plan(ckpt: Checkpoint, family: families.Family,
         if name is None:
             raise ModelError(f"{ckpt.folder}: unexpected tensor {source} for {ckpt.architecture}")
         shape = tuple(tensor.shape)
+        if families.transforms(family, name) and name == "position_embd.weight":  # (RoBERTa's: cut)
+            shape = (shape[0] - families.position_offset(ckpt.config, family), *shape[1:])
         plan.append(PlannedTensor(name, source, shape, _stored_type(name, shape, out_type)))
     extra = families.extra_tensors(ckpt.config)
     plan += [PlannedTensor(name, None, data.shape, "F32") for name, data in extra.items()]
@@ -147,9 +149,10 @@ def _stored_type(name: str, shape: tuple[int, ...], out_type: str) -> str:
 
 
 def _renamed(source: str, architecture: str) -> str:
-    """A checkpoint's tensor name as gguf's name map knows it: without BERT's "bert." prefix; a
-    BERT cross-encoder's pooler and classifier as llama.cpp's rank head (cls, then cls.output)."""
-    source = source.removeprefix("bert.")
+    """A checkpoint's tensor name as gguf's name map knows it: without BERT's "bert." prefix (or
+    RoBERTa's "roberta."); a BERT cross-encoder's pooler and classifier as llama.cpp's rank head
+    (cls, then cls.output)."""
+    source = source.removeprefix("bert.").removeprefix("roberta.")
     if architecture == "BertForSequenceClassification":
         if source.startswith("pooler.dense."):
             return "classifier.dense." + source.removeprefix("pooler.dense.")

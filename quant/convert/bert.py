@@ -3,6 +3,8 @@ the pooling every embedding checkpoint records (issue 37).
 
 - The hyperparameters llama.cpp's ``bert`` architecture reads: layer-norm epsilon, attention
   both ways (not causal), the token-type count.
+- An XLM-RoBERTa (bge-m3) as llama.cpp reads it, a BERT: its position table without the rows
+  before its first position, and its SentencePiece Unigram tokenizer (quant/convert/unigram.py).
 - The WordPiece vocabulary as llama.cpp's WPM tokenizer reads it: a word-initial piece gets
   the phantom space "▁" in front, a continuation loses its "##", special tokens stay as they
   are; [CLS] is the BOS and [SEP] closes each text (both added); BertNormalizer's lowercasing
@@ -16,12 +18,13 @@ the pooling every embedding checkpoint records (issue 37).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gguf
 
-from infer.quant.convert.families import need
+from infer.quant.convert.families import Family, need, position_offset
 from infer.quant.convert.tokenizer import K, T, Vocab, read_json
 from infer.runtime.errors import ModelError
 
@@ -53,8 +56,8 @@ def pooling_type(folder: Path) -> gguf.PoolingType | None:
                      "cls or last token)")
 
 
-def add_bert_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
-    writer.add_context_length(int(need(config, "max_position_embeddings")))
+def add_bert_hparams(writer: gguf.GGUFWriter, config: dict[str, Any], family: Family) -> None:
+    writer.add_context_length(int(need(config, "max_position_embeddings")) - position_offset(config, family))
     writer.add_embedding_length(int(need(config, "hidden_size")))
     writer.add_feed_forward_length(int(need(config, "intermediate_size")))
     writer.add_block_count(int(need(config, "num_hidden_layers")))
@@ -67,6 +70,18 @@ def add_bert_hparams(writer: gguf.GGUFWriter, config: dict[str, Any]) -> None:
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise ModelError("a BERT with relative position embeddings: llama.cpp's BERT has absolute ones")
     writer.add_vocab_size(int(need(config, "vocab_size")))
+
+
+def load_encoder_vocab(folder: Path) -> tuple[Vocab, Callable[[gguf.GGUFWriter], None]]:
+    """An encoder's tokenizer (WordPiece: BERT; Unigram: XLM-RoBERTa) as llama.cpp reads it, and
+    what writes the keys it needs beyond add_vocab's."""
+    kind = ((read_json(folder / "tokenizer.json", required=True).get("model") or {}).get("type"))
+    if kind == "Unigram":
+        from infer.quant.convert.unigram import load_unigram
+
+        return load_unigram(folder)
+    vocab, flags = load_wordpiece(folder)
+    return vocab, lambda writer: add_wordpiece_flags(writer, flags)
 
 
 def load_wordpiece(folder: Path) -> tuple[Vocab, dict[str, bool]]:

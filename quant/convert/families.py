@@ -42,6 +42,7 @@ class Family:
     block: tuple[str, ...] = _BLOCK  # the tensors every block must have
     top: tuple[str, ...] = ("token_embd", "output_norm")  # the tensors outside the blocks it must have
     decoder: bool = True  # False: an encoder (BERT: quant/convert/bert.py), no output layer
+    roberta_positions: bool = False  # its position table starts at pad_token_id + 1 (RoBERTa's)
 
 
 FAMILIES = {
@@ -64,7 +65,21 @@ FAMILIES = {
     "BertForSequenceClassification": Family(gguf.MODEL_ARCH.BERT, block=_BERT_BLOCK, decoder=False,
                                             top=("token_embd", "position_embd", "token_embd_norm", "cls",
                                                  "cls.output")),
+    # XLM-RoBERTa (bge-m3; bge-reranker-v2-m3): a BERT to llama.cpp, with a Unigram tokenizer
+    "XLMRobertaModel": Family(gguf.MODEL_ARCH.BERT, block=_BERT_BLOCK, decoder=False, roberta_positions=True,
+                              top=("token_embd", "position_embd", "token_embd_norm")),
+    "XLMRobertaForSequenceClassification": Family(
+        gguf.MODEL_ARCH.BERT, block=_BERT_BLOCK, decoder=False, roberta_positions=True,
+        top=("token_embd", "position_embd", "token_embd_norm", "cls", "cls.output")),
 }
+
+_POSITIONS = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.POS_EMBD] + ".weight"
+
+
+def position_offset(config: dict[str, Any], family: Family) -> int:
+    """The rows of a RoBERTa's position table before its first text position (its padding id and
+    those below: positions start at pad_token_id + 1), which llama.cpp's table has not; else 0."""
+    return int(config.get("pad_token_id", 1)) + 1 if family.roberta_positions else 0
 
 
 def need(config: dict[str, Any], key: str) -> Any:
@@ -172,6 +187,8 @@ def transforms(family: Family, gguf_name: str) -> bool:
     """Whether `transform` changes this tensor (it then needs the whole tensor at once)."""
     if family.norm_offset and gguf_name.endswith("norm.weight"):
         return True
+    if family.roberta_positions and gguf_name == _POSITIONS:
+        return True
     return family.permute_qk and gguf_name.endswith(("attn_q.weight", "attn_k.weight"))
 
 
@@ -179,6 +196,8 @@ def transform(family: Family, config: dict[str, Any], gguf_name: str, data: np.n
     """Per family: Gemma's (1 + weight) norms; Q/K rows reordered for llama.cpp's rotation."""
     if family.norm_offset and gguf_name.endswith("norm.weight"):
         return data + np.float32(family.norm_offset)
+    if family.roberta_positions and gguf_name == _POSITIONS:
+        return data[position_offset(config, family):]
     if not family.permute_qk:
         return data
     n_head = int(config["num_attention_heads"])
@@ -197,13 +216,13 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def ignored(hf_name: str, config: dict[str, Any]) -> bool:
-    """Checkpoint entries that are not weights llama.cpp uses (a BERT's pooler and masked-LM
-    heads: an embedding model pools its own way)."""
+    """Checkpoint entries that are not weights llama.cpp uses (a BERT's or RoBERTa's pooler and
+    masked-LM heads: an embedding model pools its own way)."""
     if hf_name == "lm_head.weight" and config.get("tie_word_embeddings"):
         return True  # a copy of the embeddings that some checkpoints store anyway
     if config.get("architectures", [None])[0] == "BertForSequenceClassification" and "pooler." in hf_name:
         return False  # (a cross-encoder's pooler is its classifier's first layer: kept)
-    if hf_name.removeprefix("bert.").startswith(("pooler.", "cls.predictions.", "cls.seq_relationship.",
-                                                 "embeddings.position_ids")):
+    if hf_name.removeprefix("bert.").removeprefix("roberta.").startswith((
+            "pooler.", "cls.predictions.", "cls.seq_relationship.", "embeddings.position_ids")):
         return True
     return hf_name.endswith(("rotary_emb.inv_freq", ".masked_bias", ".attn.bias"))
