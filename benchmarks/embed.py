@@ -17,9 +17,12 @@ Two workloads: 2,000 short texts (10-20 tokens) and 200 long ones (about 400 tok
 is timed whole, from its start to its last vector: infer embed and llama-embedding one process
 per round (model load included), llama-server one request of all the texts to a server already
 started (its load not counted), sentence-transformers encode() in this process with the model
-loaded (batch size 32). Flash attention off on the llama.cpp sides; 2 threads unless -t.
+loaded (batch size 32). Flash attention on for every llama.cpp side (--fa off: off; infer
+embed's "auto" is on for embeddings); 2 threads unless -t.
 llama-embedding packs as many texts as its batch holds: it runs with -c/-b/-ub 512 (with 8,192
 it took 227 s for the 2,000 short texts, 8.8 texts/s: every token attends to the whole batch).
+A third workload sends short texts one per /v1/embeddings request, --clients (8) at a time, to
+`infer serve` (which decodes the requests waiting together) and to llama-server (-np 8).
 Needs llama-embedding and llama-server: benchmarks/build_llama_tools.sh llama-embedding llama-server.
 """
 
@@ -42,6 +45,7 @@ _VOCABULARY = (
     "rank query document passage answer question machine learning data train test value result width "
     "height area function return print code error file")
 WORDS = tuple(_VOCABULARY.split())
+FA = ["-fa", "on"]  # every llama.cpp side's flash attention (--fa)
 
 
 def texts(n: int, words: int, seed: int) -> list[str]:
@@ -102,7 +106,7 @@ def least_cosine(gguf: Path, st: object, batch: list[str]) -> float:
 
 def infer_side(gguf: Path, batch: list[str], threads: int, pooling: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run([INFER, "embed", str(gguf), "-t", str(threads), "-fa", "off", "-b", "8192", *pooling],
+    subprocess.run([INFER, "embed", str(gguf), "-t", str(threads), *FA, "-b", "8192", *pooling],
                    input="\n".join(batch).encode(), stdout=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
 
@@ -113,7 +117,7 @@ def llama_embedding_side(binary: Path, gguf: Path, batch: list[str], threads: in
     prompts.write_text("\n".join(batch))
     t0 = time.perf_counter()
     subprocess.run([str(binary), "-m", str(gguf), "-f", str(prompts), "-t", str(threads),
-                    "-fa", "off", "-c", "512", "-b", "512", "-ub", "512", "--embd-normalize", "2",
+                    *FA, "-c", "512", "-b", "512", "-ub", "512", "--embd-normalize", "2",
                     "--embd-output-format", "array", *pooling],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
@@ -129,6 +133,22 @@ def server_side(url: str, batch: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def concurrent_side(url: str, model: str, batch: list[str], clients: int) -> float:
+    """`batch` sent one text per /v1/embeddings request, `clients` requests at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    with httpx.Client(timeout=600) as client:
+        def one(text: str) -> None:
+            client.post(f"{url}/v1/embeddings", json={"model": model, "input": text}).raise_for_status()
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(one, batch))
+        return time.perf_counter() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--llama-bin", default=str(ROOT / ".bench" / "build" / "bin"))
@@ -138,7 +158,13 @@ def main() -> None:
     parser.add_argument("--type", default="F32", help="the BERT's GGUF type (infer quantize --type)")
     parser.add_argument("--short", type=int, default=2000, help="short texts (10-20 tokens)")
     parser.add_argument("--long", type=int, default=200, help="long texts (about 400 tokens)")
+    parser.add_argument("--requests", type=int, default=400,
+                        help="short texts sent one per request, --clients at a time, to both servers")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--fa", choices=("on", "off"), default="on",
+                        help="flash attention, on every llama.cpp side")
     args = parser.parse_args()
+    FA[1] = args.fa
     binaries = Path(args.llama_bin)
     if args.model == "bert":
         folder, gguf = bert_checkpoint(args.type.upper())
@@ -162,9 +188,12 @@ def main() -> None:
     from serve import Server  # (benchmarks/serve.py: a server on a free port, ready when /health says)
 
     server = Server("llama-server", [str(binaries / "llama-server"), "-m", str(gguf), "--embeddings",
-                                     "-t", str(args.threads), "-fa", "off", "-c", "8192",
+                                     "-t", str(args.threads), *FA, "-c", "8192",
                                      "-np", "8", *pooling])
+    ours = Server("infer serve", [INFER, "serve", str(gguf), "-t", str(args.threads), *FA,
+                                  *pooling])
     server.wait_ready()
+    ours.wait_ready()
     try:
         for name, batch in workloads.items():
             sides = {"infer embed": lambda b=batch: infer_side(gguf, b, args.threads, pooling),
@@ -184,8 +213,28 @@ def main() -> None:
                               "texts_per_s": {k: round(len(batch) / v, 1) for k, v in medians.items()},
                               "infer_vs": {k: round(v / medians["infer embed"], 2) for k, v in medians.items()
                                            if k != "infer embed"}}), flush=True)
+        _requests(args, server, ours, gguf)
     finally:
         server.stop()
+        ours.stop()
+
+
+def _requests(args: argparse.Namespace, server: object, ours: object, gguf: Path) -> None:
+    """Short texts one per request from --clients clients at once: infer serve (which decodes
+    the requests waiting together) against llama-server (its slots share a batch)."""
+    batch = texts(args.requests, 10, 3)
+    sides = {"infer serve": lambda: concurrent_side(ours.url, str(gguf), batch, args.clients),  # type: ignore[attr-defined]
+             "llama-server": lambda: concurrent_side(server.url, str(gguf), batch, args.clients)}  # type: ignore[attr-defined]
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    for _ in range(args.rounds):
+        for side, run in sides.items():
+            times[side].append(run())
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    workload = f"{len(batch)} requests of one text, {args.clients} at a time"
+    ratio = round(medians["llama-server"] / medians["infer serve"], 2)
+    print(json.dumps({"model": args.model, "gguf": gguf.name, "workload": workload, "rounds": args.rounds,
+                      "texts_per_s": {k: round(len(batch) / v, 1) for k, v in medians.items()},
+                      "infer_serve_vs_llama_server": ratio}), flush=True)
 
 
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]

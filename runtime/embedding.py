@@ -2,7 +2,7 @@
 llama_decode.
 
 Each text is one sequence of its own (its own sequence id, positions from 0); a batch is filled
-with whole texts up to the pack's texts and tokens (CPU_PACK, GPU_PACK below), and llama.cpp
+with whole texts up to the pack's texts and tokens (FLASH_PACK, PLAIN_PACK below), and llama.cpp
 pools each sequence's outputs as the context's pooling says (the model's `pooling_type`, or the
 caller's: mean, cls, last; "none" gives each token's). An encoder (BERT) attends both ways, so a
 text must fit one micro-batch: the context's micro-batch is its batch. A decoder's KV cache is
@@ -26,16 +26,18 @@ from infer.runtime.llama.context import Batch, Context
 from infer.runtime.llama.model import Model
 from infer.runtime.params import POOLING_TYPES, ContextParams
 
-# Texts packed into one llama_decode, (at most this many texts, this many tokens; a longer text
-# goes alone). Every token of a batch attends to the whole batch, masked to its own text, so a
-# larger pack costs attention over tokens that are then masked away. On the CPU, measured on a
-# 12-layer BERT of bge-small's shape (benchmarks/embed.py; texts per second, medians of 3
-# alternated rounds): 600 texts of 10-20 tokens, 4 texts and 128 tokens 117 against 8 and 512
-# 89; 100 texts of 60-90 tokens, one per decode 20 against 10 with 8 and 512; 64 texts (960
-# tokens) per decode were 1.6x slower than 8. A GPU keeps the larger pack (not measured here).
-CPU_PACK = (4, 128)
-GPU_PACK = (8, 512)
-MAX_SEQUENCES = max(CPU_PACK[0], GPU_PACK[0])  # the context's sequences
+# Texts packed into one llama_decode: (at most this many texts, this many tokens; a longer text
+# goes alone). Every token of a batch attends to the whole batch, masked to its own text. With
+# flash attention (an embedding context's "auto") a larger pack is as fast or faster; without
+# it, attention over the masked-away tokens makes a larger pack slower. Measured on the CPU on a
+# 12-layer BERT of bge-small's shape (texts per second, medians of 3 alternated rounds, F32):
+# 600 texts of 10-20 tokens, flash attention on: 16 texts and 1,024 tokens 130, 8 and 512 125,
+# 4 and 128 109, one per decode 73; off: 4 and 128 117, 8 and 512 89, and 64 texts (960 tokens)
+# were 1.6x slower than 8. 100 texts of 60-90 tokens: 25-27 with flash attention whatever the
+# pack; off, one per decode 20 against 10 with 8 and 512.
+FLASH_PACK = (16, 1024)
+PLAIN_PACK = (4, 128)
+MAX_SEQUENCES = FLASH_PACK[0]  # the context's sequences
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,12 @@ class EmbedParams:
 
 def embedding_context(params: ContextParams, n_batch: int) -> ContextParams:
     """`params` made an embedding context's: a batch (and micro-batch, and KV cache) of
-    `n_batch` tokens shared by up to MAX_SEQUENCES texts."""
+    `n_batch` tokens shared by up to MAX_SEQUENCES texts; flash attention on unless turned off.
+    (A chat context's "auto" is off on the CPU, where it slows decoding; reading texts with it
+    was twice as fast on 400-token texts, and lets more texts share a decode: FLASH_PACK.)"""
+    flash = "on" if params.flash_attn == "auto" else params.flash_attn
     return replace(params, embeddings=True, n_ctx=n_batch, n_batch=n_batch, n_ubatch=n_batch,
-                   n_seq_max=MAX_SEQUENCES, kv_unified=True)
+                   n_seq_max=MAX_SEQUENCES, kv_unified=True, flash_attn=flash)
 
 
 def pools(model: Model) -> str | None:
@@ -80,7 +85,7 @@ class Embedder:
                          else C.llama_model_n_embd_out(model.ptr))
         # the tokens one text may have: a batch's, and no more positions than the model has
         self.max_tokens = min(context.n_batch, model.n_ctx_train or context.n_batch)
-        self.pack = GPU_PACK if model.local_gpu else CPU_PACK
+        self.pack = FLASH_PACK if context.flash_attn == "on" else PLAIN_PACK
         self._batch = Batch(context.n_batch, MAX_SEQUENCES)
 
     @classmethod
@@ -184,6 +189,7 @@ class Embedder:
         texts batched together, as many as `pack` allows."""
         group: list[Sequence[int]] = []
         size, (most, budget) = 0, self.pack
+        budget = min(budget, self.context.n_batch)
         for tokens in texts:
             if group and (size + len(tokens) > budget or len(group) == most):
                 yield from self._decode(group)

@@ -146,7 +146,7 @@ def test_a_converted_xlm_roberta_tokenizes_and_embeds_as_hugging_face_does(tmp_p
         for text in TEXTS:
             assert model.tokenize(text, add_special=True, parse_special=False) == hf(text).input_ids, text
         assert model.n_ctx_train == 128  # (130 positions, less RoBERTa's 2 before the first)
-    ours = _ours(gguf, TEXTS, "--truncate")
+    ours = _ours(gguf, TEXTS, "--truncate", "-fa", "auto")  # (an embedding's auto: flash attention on)
     theirs = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, normalize_embeddings=True)
     for i, text in enumerate(TEXTS):
         assert float(ours[i] @ theirs[i]) > 0.9999, (i, text, float(ours[i] @ theirs[i]))
