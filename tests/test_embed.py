@@ -284,13 +284,17 @@ def test_requests_waiting_together_are_decoded_together(tmp_path: Path) -> None:
                 got[i] = engine.embed([tokens[i]], asked[i])[0]
 
             threads = [threading.Thread(target=ask, args=(i,)) for i in range(5)]
-            with engine._turn:  # (busy: as with another request's texts)
-                for t in threads:
-                    t.start()
-                deadline = time.monotonic() + 30
-                while engine.waiting < 5 and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert engine.waiting == 5 and not engine.idle
+            with engine._state:  # busy, as with another request's texts
+                engine._busy = True
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 30
+            while engine.waiting < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert engine.waiting == 5 and not engine.idle
+            with engine._state:  # (that turn ends)
+                engine._busy = False
+                engine._state.notify_all()
             for t in threads:
                 t.join(60)
             assert engine.turns == turns + 1 and engine.idle
