@@ -75,20 +75,19 @@ def add_bert_hparams(writer: gguf.GGUFWriter, config: dict[str, Any], family: Fa
 def load_encoder_vocab(folder: Path) -> tuple[Vocab, Callable[[gguf.GGUFWriter], None]]:
     """An encoder's tokenizer (WordPiece: BERT; Unigram: XLM-RoBERTa) as llama.cpp reads it, and
     what writes the keys it needs beyond add_vocab's."""
-    kind = ((read_json(folder / "tokenizer.json", required=True).get("model") or {}).get("type"))
-    if kind == "Unigram":
+    path = folder / "tokenizer.json"
+    data = read_json(path, required=True)  # (read once: a multilingual one is many megabytes)
+    if (data.get("model") or {}).get("type") == "Unigram":
         from infer.quant.convert.unigram import load_unigram
 
-        return load_unigram(folder)
-    vocab, flags = load_wordpiece(folder)
+        return load_unigram(data, path)
+    vocab, flags = load_wordpiece(data, path)
     return vocab, lambda writer: add_wordpiece_flags(writer, flags)
 
 
-def load_wordpiece(folder: Path) -> tuple[Vocab, dict[str, bool]]:
-    """`folder`'s WordPiece tokenizer.json as llama.cpp's WPM vocabulary, and the normalizer
-    flags to record (lowercase, strip_accents)."""
-    path = folder / "tokenizer.json"
-    data = read_json(path, required=True)
+def load_wordpiece(data: dict[str, Any], path: Path) -> tuple[Vocab, dict[str, bool]]:
+    """A WordPiece tokenizer.json (`data`, read from `path`) as llama.cpp's WPM vocabulary, and
+    the normalizer flags to record (lowercase, strip_accents)."""
     try:
         model = data["model"]
         if model.get("type") != "WordPiece":

@@ -26,15 +26,13 @@ from typing import Any
 
 import gguf
 
-from infer.quant.convert.tokenizer import K, T, Vocab, read_json
+from infer.quant.convert.tokenizer import K, T, Vocab
 from infer.runtime.errors import ModelError
 
 
-def load_unigram(folder: Path) -> tuple[Vocab, Callable[[gguf.GGUFWriter], None]]:
-    """`folder`'s Unigram tokenizer.json as llama.cpp's UGM vocabulary, and what writes its
-    normalization keys."""
-    path = folder / "tokenizer.json"
-    data = read_json(path, required=True)
+def load_unigram(data: dict[str, Any], path: Path) -> tuple[Vocab, Callable[[gguf.GGUFWriter], None]]:
+    """A Unigram tokenizer.json (`data`, read from `path`) as llama.cpp's UGM vocabulary, and
+    what writes its normalization keys."""
     try:
         model = data["model"]
         if model.get("type") != "Unigram":
