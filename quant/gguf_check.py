@@ -104,11 +104,9 @@ class GGUFInfo:
     def pooling(self) -> str | None:
         """The pooling an embedding model records (mean, cls, last; rank: a reranker's); None
         for a model that records none (a chat model)."""
-        from infer.runtime.params import POOLING_TYPES
+        from infer.runtime.params import recorded_pooling
 
-        recorded = self.metadata.get(f"{self.architecture}.pooling_type")
-        return POOLING_TYPES[recorded] if isinstance(recorded, int) and 0 < recorded < len(POOLING_TYPES) \
-            else None
+        return recorded_pooling(self.metadata.get(f"{self.architecture}.pooling_type"))
 
 
 class _Reader:

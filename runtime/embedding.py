@@ -24,7 +24,7 @@ from infer.runtime.errors import UsageError
 from infer.runtime.llama.bindings import C
 from infer.runtime.llama.context import Batch, Context
 from infer.runtime.llama.model import Model
-from infer.runtime.params import POOLING_TYPES, ContextParams
+from infer.runtime.params import POOLING_TYPES, ContextParams, recorded_pooling
 
 # Texts packed into one llama_decode: (at most this many texts, this many tokens; a longer text
 # goes alone). Every token of a batch attends to the whole batch, masked to its own text. With
@@ -68,10 +68,7 @@ def embedding_context(params: ContextParams, n_batch: int) -> ContextParams:
 def pools(model: Model) -> str | None:
     """The pooling an embedding model's GGUF records ("mean", "cls", "last"; "rank": a
     reranker's); None where it records none or "none" (a chat model)."""
-    recorded = model.meta(f"{model.meta('general.architecture')}.pooling_type") or ""
-    if not recorded.isdigit() or not 0 < int(recorded) < len(POOLING_TYPES):
-        return None
-    return POOLING_TYPES[int(recorded)]
+    return recorded_pooling(model.meta(f"{model.meta('general.architecture')}.pooling_type"))
 
 
 class Embedder:

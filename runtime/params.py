@@ -11,6 +11,16 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")  # llama_pooling_type's, in its order from 0
 
 
+def recorded_pooling(value: object) -> str | None:
+    """The pooling a GGUF's `{arch}.pooling_type` value names (a number, or its digits as
+    llama.cpp's metadata reads give it): mean, cls, last or rank; None for none or no value."""
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < len(POOLING_TYPES):
+        return None
+    return POOLING_TYPES[value]
+
+
 @dataclass(frozen=True)
 class ContextParams:
     """Frozen, validated context settings; names follow llama.cpp's.
